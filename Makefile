@@ -1,0 +1,56 @@
+# cubicle — build, test and run. Everything here works on a fresh Debian 12
+# machine as root: missing packages are installed by scripts/deps.sh.
+
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+IMAGE_DIR ?= /var/lib/cubicle/images
+FUZZTIME  ?= 10s
+
+export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
+
+.PHONY: all build deps image run test unit e2e fuzz bench lint clean
+
+all: build
+
+deps:
+	./scripts/deps.sh
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/cubicled ./cmd/cubicled
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/cubicle ./cmd/cubicle
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/cubicle-agent ./cmd/cubicle-agent
+
+# image builds (or finds cached) the desktop image.
+image: build
+	$(BIN)/cubicle image build desktop --image-dir $(IMAGE_DIR)
+
+# run installs what is missing, builds, starts cubicled and runs the demo.
+run: deps image
+	./scripts/demo.sh
+
+# test is the full suite: unit, agent-on-Xvfb integration, end-to-end on the
+# real image with gvisor and runc, and short fuzz runs.
+test: deps image unit fuzz
+
+unit:
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 30m ./...
+
+e2e: deps image
+	$(GO) test -count=1 -timeout 30m -v ./test/e2e/...
+
+fuzz:
+	./scripts/fuzz.sh $(FUZZTIME)
+
+bench: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md
+
+lint:
+	gofmt -l . | (! grep .)
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+
+clean:
+	rm -rf $(BIN)

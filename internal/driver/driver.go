@@ -1,0 +1,78 @@
+// Package driver defines the seam between the sandbox manager and the isolation
+// backends (gVisor, runc, QEMU, Firecracker). The manager owns this contract and
+// imports only this package; each backend is an adapter in a subpackage,
+// registered by name in cmd/cubicled.
+package driver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+)
+
+// Isolation kinds reported to users for each sandbox.
+const (
+	IsolationVM        = "vm"
+	IsolationGVisor    = "gvisor"
+	IsolationNamespace = "namespace"
+)
+
+// ErrUnavailable is wrapped by Available and Create when the backend cannot run
+// on this host.
+var ErrUnavailable = errors.New("backend unavailable")
+
+// Driver starts sandboxes of one backend.
+type Driver interface {
+	// Name is the backend name used in the API ("gvisor", "runc", ...).
+	Name() string
+	// Isolation is the isolation kind the backend gives.
+	Isolation() string
+	// Available returns nil, or an error saying precisely why the backend is
+	// unusable on this host.
+	Available(ctx context.Context) error
+	// Create starts a box from spec. The box must outlive ctx (ctx bounds only
+	// the start-up); on error nothing of the box is left behind.
+	Create(ctx context.Context, spec Spec) (Box, error)
+	// Adopt re-attaches to a box started by an earlier daemon process.
+	Adopt(ctx context.Context, state State) (Box, error)
+	// Cleanup removes everything the driver owns under its state directory or
+	// in the runtime that is not one of keep (sandbox IDs); it is run at start
+	// to remove orphans.
+	Cleanup(ctx context.Context, keep map[string]bool) error
+}
+
+// Spec says what box to start.
+type Spec struct {
+	ID        string            // sandbox ID, [a-z0-9]
+	Image     string            // rootfs directory of the image (read-only, shared)
+	VCPUs     int               // 0 = driver default
+	MemoryMB  int               // 0 = driver default
+	PidsLimit int               // 0 = driver default
+	Token     string            // agent token the agent must check
+	Env       map[string]string // environment for every process in the box
+	Width     int               // screen
+	Height    int
+	DPI       int
+	StartURL  string
+}
+
+// State is the opaque, versioned handle a driver needs to Adopt a box again.
+type State struct {
+	Version int             `json:"version"`
+	Driver  string          `json:"driver"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// Box is one running sandbox.
+type Box interface {
+	// DialAgent opens a new byte stream to the agent inside the box.
+	DialAgent(ctx context.Context) (net.Conn, error)
+	// State is what the store must keep so Adopt can re-attach.
+	State() State
+	// Wait is closed when the box has died.
+	Wait() <-chan struct{}
+	// Stop stops the box and frees every resource it holds. It is safe to call
+	// more than once and after the box died.
+	Stop(ctx context.Context) error
+}

@@ -1,0 +1,79 @@
+// Package metrics defines the daemon's Prometheus metrics (DESIGN.md "Metrics
+// and logs") on a registry of its own, so tests can build a fresh set and the
+// daemon exposes exactly what it defines. It uses client_golang, the
+// reference Prometheus client, rather than a hand-written exposition format.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics is the set of the daemon's collectors.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Sandboxes          *prometheus.GaugeVec     // state, backend
+	Capacity           prometheus.Gauge         // max sandboxes
+	CreateDuration     *prometheus.HistogramVec // backend
+	CreateFailures     *prometheus.CounterVec   // backend
+	ScreenshotDuration *prometheus.HistogramVec // format
+	ActionDuration     *prometheus.HistogramVec // type
+	ExecDuration       prometheus.Histogram
+	Reaped             *prometheus.CounterVec // reason
+	NetpoolFree        prometheus.Gauge
+	HTTPRequests       *prometheus.CounterVec // route, code
+}
+
+// fastBuckets resolve the millisecond range where clicks and screenshots live.
+var fastBuckets = []float64{.0005, .001, .002, .005, .01, .02, .04, .08, .16, .32, .64, 1.28, 2.56}
+
+// New returns a fresh set of collectors registered on a new registry, plus the
+// Go runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		Sandboxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cubicle_sandboxes", Help: "Sandboxes by state and backend.",
+		}, []string{"state", "backend"}),
+		Capacity: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_capacity", Help: "Maximum number of sandboxes.",
+		}),
+		CreateDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cubicle_create_duration_seconds", Help: "Time from create request to a ready desktop.",
+			Buckets: prometheus.ExponentialBuckets(0.05, 2, 12),
+		}, []string{"backend"}),
+		CreateFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_create_failures_total", Help: "Failed sandbox creations.",
+		}, []string{"backend"}),
+		ScreenshotDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cubicle_screenshot_duration_seconds", Help: "Screenshot latency seen by the API.",
+			Buckets: fastBuckets,
+		}, []string{"format"}),
+		ActionDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cubicle_action_duration_seconds", Help: "Action latency seen by the API, by action type.",
+			Buckets: fastBuckets,
+		}, []string{"type"}),
+		ExecDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "cubicle_exec_duration_seconds", Help: "Exec latency seen by the API.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		Reaped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_reaped_total", Help: "Sandboxes reaped, by reason (idle, expired, dead, orphan).",
+		}, []string{"reason"}),
+		NetpoolFree: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_netpool_free", Help: "Free addresses in the sandbox network pool.",
+		}),
+		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_http_requests_total", Help: "API requests by route and status code.",
+		}, []string{"route", "code"}),
+	}
+	m.Registry.MustRegister(
+		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
+		m.ScreenshotDuration, m.ActionDuration, m.ExecDuration, m.Reaped,
+		m.NetpoolFree, m.HTTPRequests,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}

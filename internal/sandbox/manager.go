@@ -1,0 +1,735 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/metrics"
+	desktoppb "github.com/cubicle-dev/cubicle/proto/desktop"
+)
+
+// Clock tells the time; tests give the reaper a fake one.
+type Clock interface {
+	Now() time.Time
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// ImageResolver maps a template name to the rootfs directory of its image.
+type ImageResolver func(template string) (string, error)
+
+// Config configures a Manager. Zero values get the defaults noted.
+type Config struct {
+	DataDir        string                   // store location (required)
+	Drivers        map[string]driver.Driver // backends by name (required)
+	DefaultBackend string                   // "auto" (default) or a backend name
+	Images         ImageResolver            // template → rootfs (required)
+	MaxSandboxes   int                      // default 16
+	IdleTimeout    time.Duration            // default 30 min
+	MaxLifetime    time.Duration            // default 60 min; < 0 = unlimited
+	ReadyTimeout   time.Duration            // default 90 s: create → desktop ready
+	Retention      time.Duration            // how long stopped/failed records stay listed; default 10 min
+	ReapInterval   time.Duration            // default 1 s
+	Clock          Clock
+	Metrics        *metrics.Metrics
+	Log            *slog.Logger
+}
+
+// autoOrder is the preference of "auto": hardware isolation first.
+var autoOrder = []string{"firecracker", "qemu", "gvisor", "runc"}
+
+// Manager owns every sandbox of this daemon. It is safe for concurrent use.
+type Manager struct {
+	cfg   Config
+	store *store
+	log   *slog.Logger
+	m     *metrics.Metrics
+
+	ctx    context.Context // daemon-scoped: boxes and their watchers live under it
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	entries map[string]*entry
+
+	availMu sync.Mutex
+	avail   map[string]availability
+}
+
+type availability struct {
+	err error
+	at  time.Time
+}
+
+// entry is the in-memory side of one sandbox.
+type entry struct {
+	rec        *record
+	box        driver.Box
+	client     *agentclient.Client
+	lastActive time.Time
+	cancel     context.CancelFunc // cancels the start while starting
+	started    chan struct{}      // closed when the start attempt has ended
+	stopOnce   sync.Once
+	stopped    chan struct{} // closed when teardown has finished
+}
+
+// New opens the store, re-adopts the sandboxes a previous daemon left
+// running, cleans what is dead or unknown, and starts the reaper.
+func New(ctx context.Context, cfg Config) (*Manager, error) {
+	if cfg.MaxSandboxes == 0 {
+		cfg.MaxSandboxes = 16
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 30 * time.Minute
+	}
+	if cfg.MaxLifetime == 0 {
+		cfg.MaxLifetime = 60 * time.Minute
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 90 * time.Second
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 10 * time.Minute
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.New()
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.DefaultBackend == "" {
+		cfg.DefaultBackend = "auto"
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create data dir: %w", err)
+	}
+	st, err := openStore(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	mctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	m := &Manager{
+		cfg: cfg, store: st, log: cfg.Log, m: cfg.Metrics,
+		ctx: mctx, cancel: cancel,
+		entries: make(map[string]*entry),
+		avail:   make(map[string]availability),
+	}
+	m.m.Capacity.Set(float64(cfg.MaxSandboxes))
+	if err := m.recover(ctx); err != nil {
+		cancel()
+		st.close()
+		return nil, err
+	}
+	m.wg.Add(1)
+	go m.reapLoop()
+	return m, nil
+}
+
+// Close stops the reaper and watchers and closes the store. Running sandboxes
+// are left running so that the next daemon re-adopts them.
+func (m *Manager) Close() error {
+	m.cancel()
+	m.wg.Wait()
+	m.mu.Lock()
+	for _, e := range m.entries {
+		if e.client != nil {
+			e.client.Close()
+		}
+	}
+	m.mu.Unlock()
+	return m.store.close()
+}
+
+// recover re-adopts what the store says is alive and removes the rest.
+func (m *Manager) recover(ctx context.Context) error {
+	recs, err := m.store.all()
+	if err != nil {
+		return err
+	}
+	keep := make(map[string]map[string]bool) // backend → ids
+	for _, r := range recs {
+		id := r.Sandbox.ID
+		log := m.log.With("sandbox", id)
+		switch r.Sandbox.State {
+		case StateStopped, StateFailed:
+			m.entries[id] = &entry{rec: r, started: closedChan(), stopped: closedChan()}
+			continue
+		}
+		d, ok := m.cfg.Drivers[r.Sandbox.Backend]
+		var box driver.Box
+		if ok && r.DriverState != nil && r.Sandbox.State == StateRunning {
+			box, err = d.Adopt(ctx, *r.DriverState)
+			if err != nil {
+				log.Warn("cannot re-adopt sandbox", "err", err)
+			}
+		}
+		if box == nil || isClosed(box.Wait()) {
+			if box != nil {
+				if err := box.Stop(context.WithoutCancel(ctx)); err != nil {
+					log.Warn("clean dead sandbox", "err", err)
+				}
+			}
+			log.Info("sandbox died while the daemon was away; cleaned")
+			m.m.Reaped.WithLabelValues("dead").Inc()
+			r.Sandbox.State = StateStopped
+			r.StoppedAt = m.cfg.Clock.Now()
+			if err := m.store.put(r); err != nil {
+				return err
+			}
+			m.entries[id] = &entry{rec: r, started: closedChan(), stopped: closedChan()}
+			continue
+		}
+		e := &entry{rec: r, box: box, lastActive: r.Sandbox.LastActiveAt, started: closedChan(), stopped: make(chan struct{})}
+		e.client = agentclient.New(box.DialAgent, r.Token)
+		m.entries[id] = e
+		if keep[r.Sandbox.Backend] == nil {
+			keep[r.Sandbox.Backend] = make(map[string]bool)
+		}
+		keep[r.Sandbox.Backend][id] = true
+		m.watch(e)
+		log.Info("re-adopted sandbox", "backend", r.Sandbox.Backend)
+	}
+	for name, d := range m.cfg.Drivers {
+		if d.Available(ctx) != nil {
+			continue
+		}
+		if err := d.Cleanup(ctx, keep[name]); err != nil {
+			m.log.Warn("orphan cleanup", "backend", name, "err", err)
+		}
+	}
+	m.updateGauges()
+	return nil
+}
+
+func closedChan() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// newID returns 128 bits of randomness as 26 characters of [a-z2-7].
+func newID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
+}
+
+func newToken() string {
+	var b [32]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// resolveBackend picks the driver for a request.
+func (m *Manager) resolveBackend(ctx context.Context, name string) (driver.Driver, error) {
+	if name == "" {
+		name = m.cfg.DefaultBackend
+	}
+	if name == "auto" {
+		var reasons []string
+		for _, n := range autoOrder {
+			d, ok := m.cfg.Drivers[n]
+			if !ok {
+				continue
+			}
+			if err := m.available(ctx, d); err != nil {
+				reasons = append(reasons, n+": "+err.Error())
+				continue
+			}
+			return d, nil
+		}
+		return nil, errdefs.New(errdefs.ErrUnavailable, "no backend is available: %s", strings.Join(reasons, "; "))
+	}
+	d, ok := m.cfg.Drivers[name]
+	if !ok {
+		return nil, errdefs.Invalid("unknown backend %q", name)
+	}
+	if err := m.available(ctx, d); err != nil {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "backend %s is unavailable: %v", name, err)
+	}
+	return d, nil
+}
+
+// available caches Available for a few seconds: it may run a binary.
+func (m *Manager) available(ctx context.Context, d driver.Driver) error {
+	m.availMu.Lock()
+	defer m.availMu.Unlock()
+	if a, ok := m.avail[d.Name()]; ok && time.Since(a.at) < 30*time.Second {
+		return a.err
+	}
+	err := d.Available(ctx)
+	m.avail[d.Name()] = availability{err: err, at: time.Now()}
+	return err
+}
+
+// Create starts a sandbox. With wait it returns once the desktop is ready (or
+// the start failed, in which case nothing of it is left); without, it returns
+// at once in state "starting".
+func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (Sandbox, error) {
+	d, err := m.resolveBackend(ctx, req.Backend)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if req.Template == "" {
+		req.Template = "desktop"
+	}
+	rootfs, err := m.cfg.Images(req.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if req.Resolution.Width == 0 || req.Resolution.Height == 0 {
+		req.Resolution = Resolution{Width: 1024, Height: 768}
+	}
+	now := m.cfg.Clock.Now()
+	life := m.cfg.MaxLifetime
+	if req.TimeoutSeconds > 0 {
+		t := time.Duration(req.TimeoutSeconds) * time.Second
+		if life < 0 || t < life {
+			life = t
+		}
+	}
+	idle := m.cfg.IdleTimeout
+	if req.IdleTimeoutSeconds > 0 {
+		idle = time.Duration(req.IdleTimeoutSeconds) * time.Second
+	}
+	rec := &record{
+		Sandbox: Sandbox{
+			ID: newID(), State: StateStarting, Template: req.Template,
+			Backend: d.Name(), Isolation: d.Isolation(), Resolution: req.Resolution,
+			CreatedAt: now, LastActiveAt: now, Metadata: req.Metadata,
+		},
+		Request: req, Token: newToken(), IdleTimeout: idle,
+	}
+	if rec.Sandbox.Metadata == nil {
+		rec.Sandbox.Metadata = map[string]string{}
+	}
+	if life >= 0 {
+		rec.Sandbox.ExpiresAt = now.Add(life)
+	}
+	sctx, cancel := context.WithTimeout(m.ctx, m.cfg.ReadyTimeout)
+	e := &entry{rec: rec, lastActive: now, cancel: cancel, started: make(chan struct{}), stopped: make(chan struct{})}
+
+	m.mu.Lock()
+	if n := m.activeLocked(); n >= m.cfg.MaxSandboxes {
+		m.mu.Unlock()
+		cancel()
+		return Sandbox{}, errdefs.New(errdefs.ErrCapacity, "all %d sandbox slots are in use", m.cfg.MaxSandboxes)
+	}
+	m.entries[rec.Sandbox.ID] = e
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.store.put(rec); err != nil {
+		m.forget(rec.Sandbox.ID)
+		cancel()
+		return Sandbox{}, fmt.Errorf("persist new sandbox: %w", err)
+	}
+
+	spec := driver.Spec{
+		ID: rec.Sandbox.ID, Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB,
+		Token: rec.Token, Env: req.Env, Width: req.Resolution.Width, Height: req.Resolution.Height,
+		DPI: req.DPI, StartURL: req.StartURL,
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer cancel()
+		m.start(sctx, e, d, spec)
+	}()
+	if !wait {
+		return m.snapshot(e), nil
+	}
+	select {
+	case <-e.started:
+	case <-ctx.Done():
+		// The caller went away; the start goes on and the reaper or a
+		// later DELETE handles the sandbox.
+		return Sandbox{}, errdefs.New(errdefs.ErrTimeout, "create interrupted: %v", ctx.Err())
+	}
+	sb := m.snapshot(e)
+	if sb.State != StateRunning {
+		// A failed create leaves nothing behind, not even its record.
+		m.forget(sb.ID)
+		if err := m.store.delete(sb.ID); err != nil {
+			m.log.Warn("delete failed record", "sandbox", sb.ID, "err", err)
+		}
+		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "create sandbox: %s", sb.Error)
+	}
+	return sb, nil
+}
+
+// start runs the driver and waits for the desktop; it always closes
+// e.started and leaves the entry running or failed-and-cleaned.
+func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec driver.Spec) {
+	defer close(e.started)
+	t0 := time.Now()
+	id := spec.ID
+	log := m.log.With("sandbox", id, "backend", d.Name())
+	fail := func(err error) {
+		log.Error("create failed", "err", err)
+		m.m.CreateFailures.WithLabelValues(d.Name()).Inc()
+		m.mu.Lock()
+		if e.rec.Sandbox.State != StateStarting {
+			// Destroyed while starting: teardown finishes the record.
+			m.mu.Unlock()
+			return
+		}
+		e.rec.Sandbox.State = StateFailed
+		e.rec.Sandbox.Error = err.Error()
+		e.rec.StoppedAt = m.cfg.Clock.Now()
+		e.rec.DriverState = nil
+		m.updateGaugesLocked()
+		m.mu.Unlock()
+		close(e.stopped)
+		if err := m.persist(e); err != nil {
+			log.Warn("persist failed sandbox", "err", err)
+		}
+	}
+	box, err := d.Create(ctx, spec)
+	if err != nil {
+		fail(fmt.Errorf("start %s box: %w", d.Name(), err))
+		return
+	}
+	client := agentclient.New(box.DialAgent, spec.Token)
+	if err := waitReady(ctx, client, box); err != nil {
+		client.Close()
+		if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
+			err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
+		}
+		fail(err)
+		return
+	}
+	st := box.State()
+	m.mu.Lock()
+	if e.rec.Sandbox.State != StateStarting { // destroyed meanwhile
+		m.mu.Unlock()
+		client.Close()
+		if err := box.Stop(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("stop box destroyed while starting", "err", err)
+		}
+		return
+	}
+	e.box, e.client = box, client
+	e.rec.DriverState = &st
+	e.rec.Sandbox.State = StateRunning
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.persist(e); err != nil {
+		log.Warn("persist running sandbox", "err", err)
+	}
+	m.m.CreateDuration.WithLabelValues(d.Name()).Observe(time.Since(t0).Seconds())
+	log.Info("sandbox ready", "ms", time.Since(t0).Milliseconds())
+	m.watch(e)
+}
+
+// waitReady polls the agent until its desktop reports ready.
+func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box) error {
+	var last error
+	for {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		resp, err := c.Desktop.Info(rctx, connect.NewRequest(&desktoppb.InfoRequest{}))
+		cancel()
+		if err == nil && resp.Msg.Ready {
+			return nil
+		}
+		if err != nil {
+			last = err
+		} else {
+			last = errors.New("desktop not ready yet")
+		}
+		select {
+		case <-box.Wait():
+			return fmt.Errorf("sandbox exited while starting (last: %v)", last)
+		case <-ctx.Done():
+			return fmt.Errorf("desktop not ready in time: %v", last)
+		case <-time.After(25 * time.Millisecond):
+		}
+	}
+}
+
+// watch reaps the sandbox as soon as its box dies.
+func (m *Manager) watch(e *entry) {
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-e.box.Wait():
+			m.log.Warn("sandbox died", "sandbox", e.rec.Sandbox.ID)
+			m.teardown(e, "dead")
+		case <-e.stopped:
+		case <-m.ctx.Done():
+		}
+	}()
+}
+
+// teardown stops an entry once and records why; reason is "" for a DELETE.
+func (m *Manager) teardown(e *entry, reason string) {
+	e.stopOnce.Do(func() {
+		m.mu.Lock()
+		prev := e.rec.Sandbox.State
+		if prev == StateStopped || prev == StateFailed {
+			m.mu.Unlock()
+			return
+		}
+		e.rec.Sandbox.State = StateStopping
+		if e.cancel != nil {
+			e.cancel()
+		}
+		m.updateGaugesLocked()
+		m.mu.Unlock()
+		log := m.log.With("sandbox", e.rec.Sandbox.ID)
+		if err := m.persist(e); err != nil {
+			log.Warn("persist stopping", "err", err)
+		}
+		<-e.started // a start in progress sees the state change and cleans up itself
+		var err error
+		if e.client != nil {
+			e.client.Close()
+		}
+		if e.box != nil {
+			err = e.box.Stop(context.WithoutCancel(m.ctx))
+		}
+		m.mu.Lock()
+		e.rec.Sandbox.State = StateStopped
+		e.rec.StoppedAt = m.cfg.Clock.Now()
+		if err != nil {
+			e.rec.Sandbox.State = StateFailed
+			e.rec.Sandbox.Error = "stop: " + err.Error()
+			log.Error("stop sandbox", "err", err)
+		}
+		m.updateGaugesLocked()
+		m.mu.Unlock()
+		close(e.stopped)
+		if err := m.persist(e); err != nil {
+			log.Warn("persist stopped", "err", err)
+		}
+		if reason != "" {
+			m.m.Reaped.WithLabelValues(reason).Inc()
+			log.Info("sandbox reaped", "reason", reason)
+		} else {
+			log.Info("sandbox destroyed")
+		}
+	})
+	<-e.stopped
+}
+
+// persist writes a copy of e's record taken under the lock.
+func (m *Manager) persist(e *entry) error {
+	m.mu.Lock()
+	r := *e.rec
+	m.mu.Unlock()
+	return m.store.put(&r)
+}
+
+// Destroy stops a sandbox and frees everything it holds before returning.
+// Destroying a stopped sandbox again is a no-op.
+func (m *Manager) Destroy(ctx context.Context, id string) error {
+	e, err := m.entry(id)
+	if err != nil {
+		return err
+	}
+	m.teardown(e, "")
+	return nil
+}
+
+// Get returns one sandbox.
+func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return m.snapshot(e), nil
+}
+
+// List returns the sandboxes matching f, oldest first.
+func (m *Manager) List(ctx context.Context, f Filter) []Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Sandbox, 0, len(m.entries))
+	for _, e := range m.entries {
+		sb := m.snapshotLocked(e)
+		if f.State != "" && sb.State != f.State {
+			continue
+		}
+		match := true
+		for k, v := range f.Metadata {
+			if sb.Metadata[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, sb)
+		}
+	}
+	slices.SortFunc(out, func(a, b Sandbox) int { return a.CreatedAt.Compare(b.CreatedAt) })
+	return out
+}
+
+// SetTimeout sets a running sandbox's expiry to seconds from now (0 = the
+// daemon's maximum lifetime), never beyond the maximum lifetime from now.
+func (m *Manager) SetTimeout(ctx context.Context, id string, seconds int) (Sandbox, error) {
+	if seconds < 0 {
+		return Sandbox{}, errdefs.Invalid("timeout_seconds must be >= 0")
+	}
+	e, err := m.entry(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	m.mu.Lock()
+	if s := e.rec.Sandbox.State; s != StateRunning && s != StateStarting {
+		m.mu.Unlock()
+		return Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, s)
+	}
+	now := m.cfg.Clock.Now()
+	life := m.cfg.MaxLifetime
+	if seconds > 0 {
+		t := time.Duration(seconds) * time.Second
+		if life < 0 || t < life {
+			life = t
+		}
+	}
+	if life < 0 {
+		e.rec.Sandbox.ExpiresAt = time.Time{}
+	} else {
+		e.rec.Sandbox.ExpiresAt = now.Add(life)
+	}
+	e.lastActive = now
+	m.mu.Unlock()
+	if err := m.persist(e); err != nil {
+		return Sandbox{}, fmt.Errorf("persist timeout: %w", err)
+	}
+	return m.snapshot(e), nil
+}
+
+// Agent returns the agent client of a running sandbox and marks it active.
+func (m *Manager) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if e.rec.Sandbox.State != StateRunning || e.client == nil {
+		return nil, errdefs.Conflict("sandbox %s is %s, not running", id, e.rec.Sandbox.State)
+	}
+	e.lastActive = m.cfg.Clock.Now()
+	return e.client, nil
+}
+
+// Backends reports every configured backend and whether it can run here.
+func (m *Manager) Backends(ctx context.Context) []BackendInfo {
+	names := slices.Sorted(maps.Keys(m.cfg.Drivers))
+	out := make([]BackendInfo, 0, len(names))
+	for _, n := range names {
+		d := m.cfg.Drivers[n]
+		bi := BackendInfo{Name: n, Isolation: d.Isolation(), Available: true}
+		if err := m.available(ctx, d); err != nil {
+			bi.Available, bi.Reason = false, err.Error()
+		}
+		out = append(out, bi)
+	}
+	return out
+}
+
+// DefaultBackend is the configured default ("auto" or a name).
+func (m *Manager) DefaultBackend() string { return m.cfg.DefaultBackend }
+
+// Capacity reports the maximum and the number of live sandboxes.
+func (m *Manager) Capacity() Capacity {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Capacity{MaxSandboxes: m.cfg.MaxSandboxes, Running: m.activeLocked()}
+}
+
+func (m *Manager) entry(id string) (*entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s not found", id)
+	}
+	return e, nil
+}
+
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	delete(m.entries, id)
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+}
+
+func (m *Manager) snapshot(e *entry) Sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.snapshotLocked(e)
+}
+
+func (m *Manager) snapshotLocked(e *entry) Sandbox {
+	sb := e.rec.Sandbox
+	sb.LastActiveAt = e.lastActive
+	sb.Metadata = maps.Clone(sb.Metadata)
+	return sb
+}
+
+// activeLocked counts the sandboxes that hold a slot.
+func (m *Manager) activeLocked() int {
+	n := 0
+	for _, e := range m.entries {
+		switch e.rec.Sandbox.State {
+		case StateStarting, StateRunning, StateStopping:
+			n++
+		}
+	}
+	return n
+}
+
+func (m *Manager) updateGauges() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.updateGaugesLocked()
+}
+
+func (m *Manager) updateGaugesLocked() {
+	m.m.Sandboxes.Reset()
+	for name := range m.cfg.Drivers {
+		for _, s := range []State{StateStarting, StateRunning, StateStopping} {
+			m.m.Sandboxes.WithLabelValues(string(s), name).Set(0)
+		}
+	}
+	for _, e := range m.entries {
+		m.m.Sandboxes.WithLabelValues(string(e.rec.Sandbox.State), e.rec.Sandbox.Backend).Inc()
+	}
+}

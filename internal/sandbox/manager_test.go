@@ -1,0 +1,398 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/metrics"
+	desktoppb "github.com/cubicle-dev/cubicle/proto/desktop"
+	"github.com/cubicle-dev/cubicle/proto/desktop/desktopconnect"
+)
+
+// The manager's unit tests use fakeDriver, a test double named as such: its
+// boxes are in-process HTTP servers answering the agent's Info RPC. The real
+// backends are exercised by the driver conformance and end-to-end tests.
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+type readyAgent struct {
+	desktopconnect.UnimplementedDesktopHandler
+}
+
+func (readyAgent) Info(context.Context, *connect.Request[desktoppb.InfoRequest]) (*connect.Response[desktoppb.InfoResponse], error) {
+	return connect.NewResponse(&desktoppb.InfoResponse{Ready: true, Width: 1024, Height: 768}), nil
+}
+
+type fakeDriver struct {
+	t       *testing.T
+	dir     string
+	failErr error // Create fails with this when set
+
+	mu    sync.Mutex
+	boxes map[string]*fakeBox // live boxes
+}
+
+func newFakeDriver(t *testing.T) *fakeDriver {
+	return &fakeDriver{t: t, dir: t.TempDir(), boxes: map[string]*fakeBox{}}
+}
+
+func (d *fakeDriver) Name() string                    { return "gvisor" }
+func (d *fakeDriver) Isolation() string               { return driver.IsolationGVisor }
+func (d *fakeDriver) Available(context.Context) error { return nil }
+
+func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, error) {
+	if d.failErr != nil {
+		return nil, d.failErr
+	}
+	sock := filepath.Join(d.dir, spec.ID+".sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{}))
+	srv := &http.Server{Handler: mux}
+	go srv.Serve(ln)
+	b := &fakeBox{d: d, id: spec.ID, sock: sock, srv: srv, dead: make(chan struct{})}
+	d.mu.Lock()
+	d.boxes[spec.ID] = b
+	d.mu.Unlock()
+	return b, nil
+}
+
+func (d *fakeDriver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
+	var id string
+	if err := json.Unmarshal(st.Data, &id); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, ok := d.boxes[id]
+	if !ok {
+		return nil, fmt.Errorf("box %s is gone", id)
+	}
+	return b, nil
+}
+
+func (d *fakeDriver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	d.mu.Lock()
+	var orphans []*fakeBox
+	for id, b := range d.boxes {
+		if !keep[id] {
+			orphans = append(orphans, b)
+		}
+	}
+	d.mu.Unlock()
+	for _, b := range orphans {
+		b.Stop(ctx)
+	}
+	return nil
+}
+
+func (d *fakeDriver) live() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.boxes)
+}
+
+type fakeBox struct {
+	d    *fakeDriver
+	id   string
+	sock string
+	srv  *http.Server
+	once sync.Once
+	dead chan struct{}
+}
+
+func (b *fakeBox) DialAgent(ctx context.Context) (net.Conn, error) {
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", b.sock)
+}
+
+func (b *fakeBox) State() driver.State {
+	data, _ := json.Marshal(b.id)
+	return driver.State{Version: 1, Driver: "gvisor", Data: data}
+}
+
+func (b *fakeBox) Wait() <-chan struct{} { return b.dead }
+
+// crash simulates the box dying on its own.
+func (b *fakeBox) crash() {
+	b.once.Do(func() { b.srv.Close(); close(b.dead) })
+}
+
+func (b *fakeBox) Stop(context.Context) error {
+	b.crash()
+	b.d.mu.Lock()
+	delete(b.d.boxes, b.id)
+	b.d.mu.Unlock()
+	return nil
+}
+
+func newTestManager(t *testing.T, d *fakeDriver, dataDir string, clock Clock) *Manager {
+	t.Helper()
+	m, err := New(context.Background(), Config{
+		DataDir:        dataDir,
+		Drivers:        map[string]driver.Driver{"gvisor": d},
+		DefaultBackend: "auto",
+		Images:         func(string) (string, error) { return "/nonexistent", nil },
+		MaxSandboxes:   2,
+		IdleTimeout:    time.Minute,
+		MaxLifetime:    time.Hour,
+		ReapInterval:   time.Hour, // tests call Reap themselves
+		Clock:          clock,
+		Metrics:        metrics.New(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestCreateGetDestroy(t *testing.T) {
+	d := newFakeDriver(t)
+	clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	m := newTestManager(t, d, t.TempDir(), clock)
+	defer m.Close()
+	ctx := context.Background()
+
+	sb, err := m.Create(ctx, CreateRequest{Metadata: map[string]string{"k": "v"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.State != StateRunning || sb.Backend != "gvisor" || sb.Template != "desktop" {
+		t.Fatalf("got %+v", sb)
+	}
+	if len(sb.ID) != 26 {
+		t.Errorf("id %q: want 26 chars of base32 (128 bits)", sb.ID)
+	}
+	if got, want := sb.ExpiresAt.Sub(sb.CreatedAt), time.Hour; got != want {
+		t.Errorf("lifetime = %v, want %v", got, want)
+	}
+	if got := m.List(ctx, Filter{Metadata: map[string]string{"k": "v"}}); len(got) != 1 {
+		t.Errorf("metadata filter: got %d sandboxes, want 1", len(got))
+	}
+	if got := m.List(ctx, Filter{Metadata: map[string]string{"k": "x"}}); len(got) != 0 {
+		t.Errorf("metadata filter mismatch: got %d sandboxes, want 0", len(got))
+	}
+	if _, err := m.Agent(ctx, sb.ID); err != nil {
+		t.Fatalf("Agent: %v", err)
+	}
+	if err := m.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if d.live() != 0 {
+		t.Errorf("live boxes after destroy = %d, want 0", d.live())
+	}
+	got, err := m.Get(ctx, sb.ID)
+	if err != nil || got.State != StateStopped {
+		t.Fatalf("after destroy: %+v, %v", got, err)
+	}
+	if _, err := m.Agent(ctx, sb.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("Agent on stopped sandbox: %v, want conflict", err)
+	}
+	if err := m.Destroy(ctx, sb.ID); err != nil {
+		t.Errorf("second destroy: %v, want nil (idempotent)", err)
+	}
+	if _, err := m.Get(ctx, "nosuchid"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Get unknown: %v, want not found", err)
+	}
+}
+
+func TestCreateFailureLeavesNothing(t *testing.T) {
+	d := newFakeDriver(t)
+	d.failErr = errors.New("boom")
+	m := newTestManager(t, d, t.TempDir(), &fakeClock{now: time.Now()})
+	defer m.Close()
+	_, err := m.Create(context.Background(), CreateRequest{}, true)
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("err = %v, want unavailable", err)
+	}
+	if n := len(m.List(context.Background(), Filter{})); n != 0 {
+		t.Errorf("%d sandboxes listed after failed create, want 0", n)
+	}
+	recs, _ := m.store.all()
+	if len(recs) != 0 {
+		t.Errorf("%d store records after failed create, want 0", len(recs))
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	d := newFakeDriver(t)
+	m := newTestManager(t, d, t.TempDir(), &fakeClock{now: time.Now()})
+	defer m.Close()
+	ctx := context.Background()
+	for range 2 {
+		if _, err := m.Create(ctx, CreateRequest{}, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Create(ctx, CreateRequest{}, true); !errors.Is(err, errdefs.ErrCapacity) {
+		t.Fatalf("third create: %v, want capacity exhausted", err)
+	}
+	if c := m.Capacity(); c.Running != 2 || c.MaxSandboxes != 2 {
+		t.Errorf("capacity = %+v", c)
+	}
+}
+
+func TestReaper(t *testing.T) {
+	tests := []struct {
+		name      string
+		req       CreateRequest
+		advance   time.Duration
+		touch     bool // use the sandbox halfway
+		wantState State
+	}{
+		{"fresh stays", CreateRequest{}, 30 * time.Second, false, StateRunning},
+		{"idle reaped", CreateRequest{}, 61 * time.Second, false, StateStopped},
+		{"activity resets idle", CreateRequest{}, 61 * time.Second, true, StateRunning},
+		{"custom idle", CreateRequest{IdleTimeoutSeconds: 10}, 11 * time.Second, false, StateStopped},
+		{"expired", CreateRequest{TimeoutSeconds: 20, IdleTimeoutSeconds: 3600}, 21 * time.Second, false, StateStopped},
+		{"timeout capped by max lifetime", CreateRequest{TimeoutSeconds: 7200, IdleTimeoutSeconds: 7200}, 61 * time.Minute, false, StateStopped},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := newFakeDriver(t)
+			clock := &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+			m := newTestManager(t, d, t.TempDir(), clock)
+			defer m.Close()
+			ctx := context.Background()
+			sb, err := m.Create(ctx, tt.req, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			half := tt.advance / 2
+			clock.Advance(half)
+			if tt.touch {
+				if _, err := m.Agent(ctx, sb.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.Reap()
+			clock.Advance(tt.advance - half)
+			m.Reap()
+			waitState(t, m, sb.ID, tt.wantState)
+			if tt.wantState == StateStopped && d.live() != 0 {
+				t.Errorf("live boxes = %d after reap, want 0", d.live())
+			}
+		})
+	}
+}
+
+func TestRetentionPurgesRecords(t *testing.T) {
+	d := newFakeDriver(t)
+	clock := &fakeClock{now: time.Now()}
+	m := newTestManager(t, d, t.TempDir(), clock)
+	defer m.Close()
+	ctx := context.Background()
+	sb, err := m.Create(ctx, CreateRequest{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(11 * time.Minute)
+	m.Reap()
+	if _, err := m.Get(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("after retention: %v, want not found", err)
+	}
+}
+
+func TestDeadBoxReaped(t *testing.T) {
+	d := newFakeDriver(t)
+	m := newTestManager(t, d, t.TempDir(), &fakeClock{now: time.Now()})
+	defer m.Close()
+	sb, err := m.Create(context.Background(), CreateRequest{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	b := d.boxes[sb.ID]
+	d.mu.Unlock()
+	b.crash()
+	waitState(t, m, sb.ID, StateStopped)
+	if d.live() != 0 {
+		t.Errorf("dead box not cleaned: %d live", d.live())
+	}
+}
+
+func TestRestartReadopts(t *testing.T) {
+	d := newFakeDriver(t)
+	dataDir := t.TempDir()
+	clock := &fakeClock{now: time.Now()}
+	m := newTestManager(t, d, dataDir, clock)
+	ctx := context.Background()
+	a, err := m.Create(ctx, CreateRequest{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.Create(ctx, CreateRequest{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// While the daemon is away, b's box dies.
+	d.mu.Lock()
+	bb := d.boxes[b.ID]
+	delete(d.boxes, b.ID)
+	d.mu.Unlock()
+	bb.crash()
+
+	m2 := newTestManager(t, d, dataDir, clock)
+	defer m2.Close()
+	if got, err := m2.Get(ctx, a.ID); err != nil || got.State != StateRunning {
+		t.Fatalf("a after restart: %+v %v", got, err)
+	}
+	if _, err := m2.Agent(ctx, a.ID); err != nil {
+		t.Errorf("a not usable after restart: %v", err)
+	}
+	if got, err := m2.Get(ctx, b.ID); err != nil || got.State != StateStopped {
+		t.Fatalf("b after restart: %+v %v, want stopped", got, err)
+	}
+	if d.live() != 1 {
+		t.Errorf("live boxes = %d, want 1", d.live())
+	}
+}
+
+func waitState(t *testing.T, m *Manager, id string, want State) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		sb, err := m.Get(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sb.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("state = %s, want %s", sb.State, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,82 @@
+package sandbox
+
+import "time"
+
+// State is a sandbox's place in its life: starting → running → stopping →
+// stopped | failed.
+type State string
+
+// The sandbox states of API.md.
+const (
+	StateStarting State = "starting"
+	StateRunning  State = "running"
+	StateStopping State = "stopping"
+	StateStopped  State = "stopped"
+	StateFailed   State = "failed"
+)
+
+// Resolution is a screen size in pixels.
+type Resolution struct {
+	Width  int `json:"width"`
+	Height int `json:"height"`
+}
+
+// Network is the egress policy of a sandbox (API.md "network"). Egress is
+// "none", "all" or "" with Allow set to a CIDR allow-list.
+type Network struct {
+	Egress string   `json:"egress,omitempty"`
+	Allow  []string `json:"allow,omitempty"`
+}
+
+// CreateRequest is the body of POST /v1/sandboxes, already decoded and
+// validated by the API layer; zero values mean "daemon default".
+type CreateRequest struct {
+	Template           string            `json:"template,omitempty"`
+	Backend            string            `json:"backend,omitempty"`
+	Resolution         Resolution        `json:"resolution"`
+	DPI                int               `json:"dpi,omitempty"`
+	VCPUs              int               `json:"vcpus,omitempty"`
+	MemoryMB           int               `json:"memory_mb,omitempty"`
+	TimeoutSeconds     int               `json:"timeout_seconds,omitempty"`
+	IdleTimeoutSeconds int               `json:"idle_timeout_seconds,omitempty"`
+	StartURL           string            `json:"start_url,omitempty"`
+	Env                map[string]string `json:"env,omitempty"`
+	Metadata           map[string]string `json:"metadata,omitempty"`
+	Network            Network           `json:"network"`
+}
+
+// Sandbox is the API view of one sandbox (API.md "Sandbox object").
+type Sandbox struct {
+	ID           string            `json:"id"`
+	State        State             `json:"state"`
+	Template     string            `json:"template"`
+	Backend      string            `json:"backend"`
+	Isolation    string            `json:"isolation"`
+	Resolution   Resolution        `json:"resolution"`
+	CreatedAt    time.Time         `json:"created_at"`
+	ExpiresAt    time.Time         `json:"expires_at"`
+	LastActiveAt time.Time         `json:"last_active_at"`
+	Metadata     map[string]string `json:"metadata"`
+	IP           string            `json:"ip,omitempty"`
+	Error        string            `json:"error,omitempty"`
+}
+
+// Filter selects sandboxes in List; zero fields match everything.
+type Filter struct {
+	State    State
+	Metadata map[string]string
+}
+
+// BackendInfo describes one backend in GET /v1/info.
+type BackendInfo struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	Isolation string `json:"isolation"`
+	Reason    string `json:"reason,omitempty"`
+}
+
+// Capacity is the daemon's sandbox capacity.
+type Capacity struct {
+	MaxSandboxes int `json:"max_sandboxes"`
+	Running      int `json:"running"`
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages cubicle needs on the host, idempotently: apt is
+# touched only when something is missing. Run as root.
+set -euo pipefail
+
+packages=(
+  runsc runc            # the gvisor and runc backends
+  debootstrap           # building the desktop image
+  xvfb xdotool x11-utils openbox  # the agent's X11 integration tests
+  e2fsprogs iproute2 ca-certificates
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "deps: missing ${missing[*]}; run as root to install them" >&2
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

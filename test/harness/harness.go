@@ -1,0 +1,180 @@
+// Package harness builds cubicle's programs and runs a real cubicled for the
+// end-to-end tests and the benchmark. Only test code imports it.
+package harness
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+// moduleRoot finds the repository root from this file's location.
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// Build compiles cubicled, cubicle and the static cubicle-agent once per test
+// process and returns the directory holding them.
+func Build() (string, error) {
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "cubicle-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		root := moduleRoot()
+		for _, p := range []struct{ name, pkg string }{
+			{"cubicled", "./cmd/cubicled"},
+			{"cubicle", "./cmd/cubicle"},
+			{"cubicle-agent", "./cmd/cubicle-agent"},
+		} {
+			cmd := exec.Command("go", "build", "-o", filepath.Join(dir, p.name), p.pkg)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
+				return
+			}
+		}
+		buildDir = dir
+	})
+	return buildDir, buildErr
+}
+
+// Options configure a daemon.
+type Options struct {
+	DataDir        string // required; reused across restarts
+	ImageDir       string // required
+	DefaultBackend string // default "gvisor"
+	Env            []string
+	Args           []string
+}
+
+// Daemon is a running cubicled.
+type Daemon struct {
+	URL    string
+	APIKey string
+	Addr   string
+	opts   Options
+	bin    string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	Log    string // path of its log file
+}
+
+// Start builds (once) and starts cubicled, waiting until /healthz answers.
+func Start(ctx context.Context, opts Options) (*Daemon, error) {
+	bin, err := Build()
+	if err != nil {
+		return nil, err
+	}
+	if opts.DefaultBackend == "" {
+		opts.DefaultBackend = "gvisor"
+	}
+	key := make([]byte, 16)
+	rand.Read(key)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	d := &Daemon{URL: "http://" + addr, APIKey: "test-" + hex.EncodeToString(key), Addr: addr, opts: opts, bin: bin,
+		Log: filepath.Join(opts.DataDir, "cubicled.log")}
+	return d, d.start(ctx)
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	if err := os.MkdirAll(d.opts.DataDir, 0o700); err != nil {
+		return err
+	}
+	logf, err := os.OpenFile(d.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	args := append([]string{
+		"--listen", d.Addr, "--data-dir", d.opts.DataDir, "--image-dir", d.opts.ImageDir,
+		"--default-backend", d.opts.DefaultBackend, "--agent-bin", filepath.Join(d.bin, "cubicle-agent"),
+		"--log-level", "debug",
+	}, d.opts.Args...)
+	cmd := exec.Command(filepath.Join(d.bin, "cubicled"), args...)
+	cmd.Env = append(os.Environ(), "CUBICLE_API_KEYS="+d.APIKey)
+	cmd.Env = append(cmd.Env, d.opts.Env...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start cubicled: %w", err)
+	}
+	d.cmd = cmd
+	d.done = make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(d.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(d.URL + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		select {
+		case <-d.done:
+			log, _ := os.ReadFile(d.Log)
+			return fmt.Errorf("cubicled exited at start:\n%s", log)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return errors.New("cubicled did not become healthy in 30s")
+		}
+	}
+}
+
+// Kill9 kills the daemon with SIGKILL, as a crash would.
+func (d *Daemon) Kill9() {
+	if d.cmd != nil && d.cmd.Process != nil {
+		d.cmd.Process.Signal(syscall.SIGKILL)
+		<-d.done
+	}
+}
+
+// Stop stops the daemon gracefully (SIGTERM); sandboxes stay running.
+func (d *Daemon) Stop() {
+	if d.cmd == nil || d.cmd.Process == nil {
+		return
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.done:
+	case <-time.After(40 * time.Second):
+		d.Kill9()
+	}
+}
+
+// Restart starts the daemon again on the same address and data dir.
+func (d *Daemon) Restart(ctx context.Context) error {
+	return d.start(ctx)
+}
+
+// Pid is the daemon's process id.
+func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
