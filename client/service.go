@@ -1,0 +1,101 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Backend describes one sandbox backend of the daemon.
+type Backend struct {
+	Name      string `json:"name"`
+	Available bool   `json:"available"`
+	// Isolation is vm, gvisor or namespace.
+	Isolation string `json:"isolation"`
+	// Reason says why the backend is unavailable.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Capacity is how many sandboxes the daemon runs and may run.
+type Capacity struct {
+	MaxSandboxes int `json:"max_sandboxes"`
+	Running      int `json:"running"`
+}
+
+// Info describes the daemon (GET /v1/info).
+type Info struct {
+	Version        string    `json:"version"`
+	Backends       []Backend `json:"backends"`
+	DefaultBackend string    `json:"default_backend"`
+	Capacity       Capacity  `json:"capacity"`
+}
+
+// Info returns the daemon's version, backends and capacity.
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	var out Info
+	err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/v1/info", retry: true}, &out)
+	return out, err
+}
+
+// Health returns nil when the daemon answers GET /healthz with status "ok".
+// It needs no API key.
+func (c *Client) Health(ctx context.Context) error {
+	var out struct {
+		Status string `json:"status"`
+	}
+	if err := c.doJSON(ctx, &request{method: http.MethodGet, path: "/healthz", retry: true}, &out); err != nil {
+		return err
+	}
+	if out.Status != "ok" {
+		return fmt.Errorf("daemon health: status %q", out.Status)
+	}
+	return nil
+}
+
+// ViewRequest asks for a live-view URL.
+type ViewRequest struct {
+	// TTLSeconds is how long the URL works (0: daemon default).
+	TTLSeconds int `json:"ttl_seconds,omitempty"`
+	// ViewOnly lets the viewer watch but not control the desktop.
+	ViewOnly bool `json:"view_only"`
+}
+
+// View is a live-view URL: a noVNC page that needs no API key until it
+// expires.
+type View struct {
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// UnmarshalJSON decodes a View, taking an empty expires_at for the zero
+// time.
+func (v *View) UnmarshalJSON(b []byte) error {
+	type plain View
+	var w struct {
+		*plain
+		ExpiresAt optTime `json:"expires_at"`
+	}
+	w.plain = (*plain)(v)
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	v.ExpiresAt = time.Time(w.ExpiresAt)
+	return nil
+}
+
+// View mints a URL for watching (or, without ViewOnly, controlling) the
+// sandbox's desktop in a browser. It is never retried.
+func (c *Client) View(ctx context.Context, id string, req ViewRequest) (View, error) {
+	if err := checkID(id); err != nil {
+		return View{}, err
+	}
+	body, n, err := jsonBody(req)
+	if err != nil {
+		return View{}, err
+	}
+	var out View
+	err = c.doJSON(ctx, &request{method: http.MethodPost, path: sandboxPath(id, "view"), body: body, contentLen: n, contentType: "application/json"}, &out)
+	return out, err
+}
