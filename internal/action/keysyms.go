@@ -1,0 +1,520 @@
+// X11 keysym names and the aliases the action API accepts. The numbers are
+// those of X11's keysymdef.h and XF86keysym.h; the table is written by hand
+// and covers the keys a computer-use client names (single characters are
+// resolved by RuneKeysym and need no entry beyond the ASCII names).
+
+package action
+
+// keysyms maps X11 keysym names, spelled exactly as X spells them, to
+// keysyms.
+var keysyms = map[string]Keysym{
+	// TTY function keys, cursor control, misc functions, keypad.
+	"BackSpace":         0xff08,
+	"Tab":               0xff09,
+	"Linefeed":          0xff0a,
+	"Clear":             0xff0b,
+	"Return":            0xff0d,
+	"Pause":             0xff13,
+	"Scroll_Lock":       0xff14,
+	"Sys_Req":           0xff15,
+	"Escape":            0xff1b,
+	"Delete":            0xffff,
+	"Multi_key":         0xff20,
+	"Codeinput":         0xff37,
+	"SingleCandidate":   0xff3c,
+	"MultipleCandidate": 0xff3d,
+	"PreviousCandidate": 0xff3e,
+	"Kanji":             0xff21,
+	"Muhenkan":          0xff22,
+	"Henkan_Mode":       0xff23,
+	"Henkan":            0xff23,
+	"Romaji":            0xff24,
+	"Hiragana":          0xff25,
+	"Katakana":          0xff26,
+	"Hiragana_Katakana": 0xff27,
+	"Zenkaku":           0xff28,
+	"Hankaku":           0xff29,
+	"Zenkaku_Hankaku":   0xff2a,
+	"Touroku":           0xff2b,
+	"Massyo":            0xff2c,
+	"Kana_Lock":         0xff2d,
+	"Kana_Shift":        0xff2e,
+	"Eisu_Shift":        0xff2f,
+	"Eisu_toggle":       0xff30,
+	"Hangul":            0xff31,
+	"Hangul_Hanja":      0xff34,
+	"Home":              0xff50,
+	"Left":              0xff51,
+	"Up":                0xff52,
+	"Right":             0xff53,
+	"Down":              0xff54,
+	"Prior":             0xff55,
+	"Page_Up":           0xff55,
+	"Next":              0xff56,
+	"Page_Down":         0xff56,
+	"End":               0xff57,
+	"Begin":             0xff58,
+	"Select":            0xff60,
+	"Print":             0xff61,
+	"Execute":           0xff62,
+	"Insert":            0xff63,
+	"Undo":              0xff65,
+	"Redo":              0xff66,
+	"Menu":              0xff67,
+	"Find":              0xff68,
+	"Cancel":            0xff69,
+	"Help":              0xff6a,
+	"Break":             0xff6b,
+	"Mode_switch":       0xff7e,
+	"script_switch":     0xff7e,
+	"Num_Lock":          0xff7f,
+	"KP_Space":          0xff80,
+	"KP_Tab":            0xff89,
+	"KP_Enter":          0xff8d,
+	"KP_F1":             0xff91,
+	"KP_F2":             0xff92,
+	"KP_F3":             0xff93,
+	"KP_F4":             0xff94,
+	"KP_Home":           0xff95,
+	"KP_Left":           0xff96,
+	"KP_Up":             0xff97,
+	"KP_Right":          0xff98,
+	"KP_Down":           0xff99,
+	"KP_Prior":          0xff9a,
+	"KP_Page_Up":        0xff9a,
+	"KP_Next":           0xff9b,
+	"KP_Page_Down":      0xff9b,
+	"KP_End":            0xff9c,
+	"KP_Begin":          0xff9d,
+	"KP_Insert":         0xff9e,
+	"KP_Delete":         0xff9f,
+	"KP_Equal":          0xffbd,
+	"KP_Multiply":       0xffaa,
+	"KP_Add":            0xffab,
+	"KP_Separator":      0xffac,
+	"KP_Subtract":       0xffad,
+	"KP_Decimal":        0xffae,
+	"KP_Divide":         0xffaf,
+	"KP_0":              0xffb0,
+	"KP_1":              0xffb1,
+	"KP_2":              0xffb2,
+	"KP_3":              0xffb3,
+	"KP_4":              0xffb4,
+	"KP_5":              0xffb5,
+	"KP_6":              0xffb6,
+	"KP_7":              0xffb7,
+	"KP_8":              0xffb8,
+	"KP_9":              0xffb9,
+	// Function keys.
+	"F1":  0xffbe,
+	"F2":  0xffbf,
+	"F3":  0xffc0,
+	"F4":  0xffc1,
+	"F5":  0xffc2,
+	"F6":  0xffc3,
+	"F7":  0xffc4,
+	"F8":  0xffc5,
+	"F9":  0xffc6,
+	"F10": 0xffc7,
+	"F11": 0xffc8,
+	"F12": 0xffc9,
+	"F13": 0xffca,
+	"F14": 0xffcb,
+	"F15": 0xffcc,
+	"F16": 0xffcd,
+	"F17": 0xffce,
+	"F18": 0xffcf,
+	"F19": 0xffd0,
+	"F20": 0xffd1,
+	"F21": 0xffd2,
+	"F22": 0xffd3,
+	"F23": 0xffd4,
+	"F24": 0xffd5,
+	"F25": 0xffd6,
+	"F26": 0xffd7,
+	"F27": 0xffd8,
+	"F28": 0xffd9,
+	"F29": 0xffda,
+	"F30": 0xffdb,
+	"F31": 0xffdc,
+	"F32": 0xffdd,
+	"F33": 0xffde,
+	"F34": 0xffdf,
+	"F35": 0xffe0,
+	// Modifiers, ISO and dead keys.
+	"Shift_L":          0xffe1,
+	"Shift_R":          0xffe2,
+	"Control_L":        0xffe3,
+	"Control_R":        0xffe4,
+	"Caps_Lock":        0xffe5,
+	"Shift_Lock":       0xffe6,
+	"Meta_L":           0xffe7,
+	"Meta_R":           0xffe8,
+	"Alt_L":            0xffe9,
+	"Alt_R":            0xffea,
+	"Super_L":          0xffeb,
+	"Super_R":          0xffec,
+	"Hyper_L":          0xffed,
+	"Hyper_R":          0xffee,
+	"ISO_Lock":         0xfe01,
+	"ISO_Level2_Latch": 0xfe02,
+	"ISO_Level3_Shift": 0xfe03,
+	"ISO_Level3_Latch": 0xfe04,
+	"ISO_Level3_Lock":  0xfe05,
+	"ISO_Level5_Shift": 0xfe11,
+	"ISO_Level5_Latch": 0xfe12,
+	"ISO_Level5_Lock":  0xfe13,
+	"ISO_Group_Shift":  0xff7e,
+	"ISO_Group_Latch":  0xfe06,
+	"ISO_Group_Lock":   0xfe07,
+	"ISO_Next_Group":   0xfe08,
+	"ISO_Prev_Group":   0xfe0a,
+	"ISO_First_Group":  0xfe0c,
+	"ISO_Last_Group":   0xfe0e,
+	"ISO_Left_Tab":     0xfe20,
+	"ISO_Enter":        0xfe34,
+	"dead_grave":       0xfe50,
+	"dead_acute":       0xfe51,
+	"dead_circumflex":  0xfe52,
+	"dead_tilde":       0xfe53,
+	"dead_macron":      0xfe54,
+	"dead_breve":       0xfe55,
+	"dead_abovedot":    0xfe56,
+	"dead_diaeresis":   0xfe57,
+	"dead_abovering":   0xfe58,
+	"dead_doubleacute": 0xfe59,
+	"dead_caron":       0xfe5a,
+	"dead_cedilla":     0xfe5b,
+	"dead_ogonek":      0xfe5c,
+	// Latin-1.
+	"space":          0x20,
+	"exclam":         0x21,
+	"quotedbl":       0x22,
+	"numbersign":     0x23,
+	"dollar":         0x24,
+	"percent":        0x25,
+	"ampersand":      0x26,
+	"apostrophe":     0x27,
+	"quoteright":     0x27,
+	"parenleft":      0x28,
+	"parenright":     0x29,
+	"asterisk":       0x2a,
+	"plus":           0x2b,
+	"comma":          0x2c,
+	"minus":          0x2d,
+	"period":         0x2e,
+	"slash":          0x2f,
+	"0":              0x30,
+	"1":              0x31,
+	"2":              0x32,
+	"3":              0x33,
+	"4":              0x34,
+	"5":              0x35,
+	"6":              0x36,
+	"7":              0x37,
+	"8":              0x38,
+	"9":              0x39,
+	"colon":          0x3a,
+	"semicolon":      0x3b,
+	"less":           0x3c,
+	"equal":          0x3d,
+	"greater":        0x3e,
+	"question":       0x3f,
+	"at":             0x40,
+	"A":              0x41,
+	"B":              0x42,
+	"C":              0x43,
+	"D":              0x44,
+	"E":              0x45,
+	"F":              0x46,
+	"G":              0x47,
+	"H":              0x48,
+	"I":              0x49,
+	"J":              0x4a,
+	"K":              0x4b,
+	"L":              0x4c,
+	"M":              0x4d,
+	"N":              0x4e,
+	"O":              0x4f,
+	"P":              0x50,
+	"Q":              0x51,
+	"R":              0x52,
+	"S":              0x53,
+	"T":              0x54,
+	"U":              0x55,
+	"V":              0x56,
+	"W":              0x57,
+	"X":              0x58,
+	"Y":              0x59,
+	"Z":              0x5a,
+	"bracketleft":    0x5b,
+	"backslash":      0x5c,
+	"bracketright":   0x5d,
+	"asciicircum":    0x5e,
+	"underscore":     0x5f,
+	"grave":          0x60,
+	"quoteleft":      0x60,
+	"a":              0x61,
+	"b":              0x62,
+	"c":              0x63,
+	"d":              0x64,
+	"e":              0x65,
+	"f":              0x66,
+	"g":              0x67,
+	"h":              0x68,
+	"i":              0x69,
+	"j":              0x6a,
+	"k":              0x6b,
+	"l":              0x6c,
+	"m":              0x6d,
+	"n":              0x6e,
+	"o":              0x6f,
+	"p":              0x70,
+	"q":              0x71,
+	"r":              0x72,
+	"s":              0x73,
+	"t":              0x74,
+	"u":              0x75,
+	"v":              0x76,
+	"w":              0x77,
+	"x":              0x78,
+	"y":              0x79,
+	"z":              0x7a,
+	"braceleft":      0x7b,
+	"bar":            0x7c,
+	"braceright":     0x7d,
+	"asciitilde":     0x7e,
+	"nobreakspace":   0xa0,
+	"exclamdown":     0xa1,
+	"cent":           0xa2,
+	"sterling":       0xa3,
+	"currency":       0xa4,
+	"yen":            0xa5,
+	"brokenbar":      0xa6,
+	"section":        0xa7,
+	"diaeresis":      0xa8,
+	"copyright":      0xa9,
+	"ordfeminine":    0xaa,
+	"guillemotleft":  0xab,
+	"notsign":        0xac,
+	"hyphen":         0xad,
+	"registered":     0xae,
+	"macron":         0xaf,
+	"degree":         0xb0,
+	"plusminus":      0xb1,
+	"twosuperior":    0xb2,
+	"threesuperior":  0xb3,
+	"acute":          0xb4,
+	"mu":             0xb5,
+	"paragraph":      0xb6,
+	"periodcentered": 0xb7,
+	"cedilla":        0xb8,
+	"onesuperior":    0xb9,
+	"masculine":      0xba,
+	"guillemotright": 0xbb,
+	"onequarter":     0xbc,
+	"onehalf":        0xbd,
+	"threequarters":  0xbe,
+	"questiondown":   0xbf,
+	"Agrave":         0xc0,
+	"Aacute":         0xc1,
+	"Acircumflex":    0xc2,
+	"Atilde":         0xc3,
+	"Adiaeresis":     0xc4,
+	"Aring":          0xc5,
+	"AE":             0xc6,
+	"Ccedilla":       0xc7,
+	"Egrave":         0xc8,
+	"Eacute":         0xc9,
+	"Ecircumflex":    0xca,
+	"Ediaeresis":     0xcb,
+	"Igrave":         0xcc,
+	"Iacute":         0xcd,
+	"Icircumflex":    0xce,
+	"Idiaeresis":     0xcf,
+	"ETH":            0xd0,
+	"Ntilde":         0xd1,
+	"Ograve":         0xd2,
+	"Oacute":         0xd3,
+	"Ocircumflex":    0xd4,
+	"Otilde":         0xd5,
+	"Odiaeresis":     0xd6,
+	"multiply":       0xd7,
+	"Oslash":         0xd8,
+	"Ugrave":         0xd9,
+	"Uacute":         0xda,
+	"Ucircumflex":    0xdb,
+	"Udiaeresis":     0xdc,
+	"Yacute":         0xdd,
+	"THORN":          0xde,
+	"ssharp":         0xdf,
+	"agrave":         0xe0,
+	"aacute":         0xe1,
+	"acircumflex":    0xe2,
+	"atilde":         0xe3,
+	"adiaeresis":     0xe4,
+	"aring":          0xe5,
+	"ae":             0xe6,
+	"ccedilla":       0xe7,
+	"egrave":         0xe8,
+	"eacute":         0xe9,
+	"ecircumflex":    0xea,
+	"ediaeresis":     0xeb,
+	"igrave":         0xec,
+	"iacute":         0xed,
+	"icircumflex":    0xee,
+	"idiaeresis":     0xef,
+	"eth":            0xf0,
+	"ntilde":         0xf1,
+	"ograve":         0xf2,
+	"oacute":         0xf3,
+	"ocircumflex":    0xf4,
+	"otilde":         0xf5,
+	"odiaeresis":     0xf6,
+	"division":       0xf7,
+	"oslash":         0xf8,
+	"ugrave":         0xf9,
+	"uacute":         0xfa,
+	"ucircumflex":    0xfb,
+	"udiaeresis":     0xfc,
+	"yacute":         0xfd,
+	"thorn":          0xfe,
+	"ydiaeresis":     0xff,
+	"guillemetleft":  0xab,
+	"guillemetright": 0xbb,
+	"ordmasculine":   0xba,
+	"Ooblique":       0xd8,
+	"Eth":            0xd0,
+	"Thorn":          0xde,
+	// XFree86 vendor keys (media, brightness, browser).
+	"XF86MonBrightnessUp":   0x1008ff02,
+	"XF86MonBrightnessDown": 0x1008ff03,
+	"XF86Standby":           0x1008ff10,
+	"XF86AudioLowerVolume":  0x1008ff11,
+	"XF86AudioMute":         0x1008ff12,
+	"XF86AudioRaiseVolume":  0x1008ff13,
+	"XF86AudioPlay":         0x1008ff14,
+	"XF86AudioStop":         0x1008ff15,
+	"XF86AudioPrev":         0x1008ff16,
+	"XF86AudioNext":         0x1008ff17,
+	"XF86HomePage":          0x1008ff18,
+	"XF86Mail":              0x1008ff19,
+	"XF86Start":             0x1008ff1a,
+	"XF86Search":            0x1008ff1b,
+	"XF86AudioRecord":       0x1008ff1c,
+	"XF86Calculator":        0x1008ff1d,
+	"XF86Back":              0x1008ff26,
+	"XF86Forward":           0x1008ff27,
+	"XF86Stop":              0x1008ff28,
+	"XF86Refresh":           0x1008ff29,
+	"XF86PowerOff":          0x1008ff2a,
+	"XF86WakeUp":            0x1008ff2b,
+	"XF86Eject":             0x1008ff2c,
+	"XF86ScreenSaver":       0x1008ff2d,
+	"XF86WWW":               0x1008ff2e,
+	"XF86Sleep":             0x1008ff2f,
+	"XF86Favorites":         0x1008ff30,
+	"XF86AudioPause":        0x1008ff31,
+	"XF86AudioMedia":        0x1008ff32,
+	"XF86MyComputer":        0x1008ff33,
+	"XF86Close":             0x1008ff56,
+	"XF86Copy":              0x1008ff57,
+	"XF86Cut":               0x1008ff58,
+	"XF86Explorer":          0x1008ff5d,
+	"XF86New":               0x1008ff68,
+	"XF86Open":              0x1008ff6b,
+	"XF86Paste":             0x1008ff6d,
+	"XF86Reload":            0x1008ff73,
+	"XF86Save":              0x1008ff77,
+	"XF86Tools":             0x1008ff81,
+	"XF86ZoomIn":            0x1008ff8b,
+	"XF86ZoomOut":           0x1008ff8c,
+	"XF86AudioMicMute":      0x1008ffb2,
+}
+
+// aliases maps lower-cased friendly names (API.md, E2B desktop, Anthropic
+// computer use, DOM KeyboardEvent.key) to keysyms.
+var aliases = map[string]Keysym{
+	"enter":              0xff0d,     // Return
+	"return":             0xff0d,     // Return
+	"ret":                0xff0d,     // Return
+	"esc":                0xff1b,     // Escape
+	"escape":             0xff1b,     // Escape
+	"tab":                0xff09,     // Tab
+	"space":              0x20,       // space
+	"spacebar":           0x20,       // space
+	"backspace":          0xff08,     // BackSpace
+	"bksp":               0xff08,     // BackSpace
+	"delete":             0xffff,     // Delete
+	"del":                0xffff,     // Delete
+	"ctrl":               0xffe3,     // Control_L
+	"control":            0xffe3,     // Control_L
+	"lctrl":              0xffe3,     // Control_L
+	"rctrl":              0xffe4,     // Control_R
+	"ctrl_l":             0xffe3,     // Control_L
+	"ctrl_r":             0xffe4,     // Control_R
+	"shift":              0xffe1,     // Shift_L
+	"lshift":             0xffe1,     // Shift_L
+	"rshift":             0xffe2,     // Shift_R
+	"alt":                0xffe9,     // Alt_L
+	"lalt":               0xffe9,     // Alt_L
+	"ralt":               0xffea,     // Alt_R
+	"option":             0xffe9,     // Alt_L
+	"opt":                0xffe9,     // Alt_L
+	"altgr":              0xfe03,     // ISO_Level3_Shift
+	"cmd":                0xffeb,     // Super_L
+	"command":            0xffeb,     // Super_L
+	"super":              0xffeb,     // Super_L
+	"win":                0xffeb,     // Super_L
+	"windows":            0xffeb,     // Super_L
+	"meta":               0xffeb,     // Super_L
+	"os":                 0xffeb,     // Super_L
+	"hyper":              0xffed,     // Hyper_L
+	"pageup":             0xff55,     // Page_Up
+	"page_up":            0xff55,     // Page_Up
+	"pgup":               0xff55,     // Page_Up
+	"pagedown":           0xff56,     // Page_Down
+	"page_down":          0xff56,     // Page_Down
+	"pgdn":               0xff56,     // Page_Down
+	"home":               0xff50,     // Home
+	"end":                0xff57,     // End
+	"up":                 0xff52,     // Up
+	"down":               0xff54,     // Down
+	"left":               0xff51,     // Left
+	"right":              0xff53,     // Right
+	"arrowup":            0xff52,     // Up
+	"arrowdown":          0xff54,     // Down
+	"arrowleft":          0xff51,     // Left
+	"arrowright":         0xff53,     // Right
+	"insert":             0xff63,     // Insert
+	"ins":                0xff63,     // Insert
+	"capslock":           0xffe5,     // Caps_Lock
+	"caps":               0xffe5,     // Caps_Lock
+	"numlock":            0xff7f,     // Num_Lock
+	"scrolllock":         0xff14,     // Scroll_Lock
+	"printscreen":        0xff61,     // Print
+	"print":              0xff61,     // Print
+	"prtsc":              0xff61,     // Print
+	"prtscr":             0xff61,     // Print
+	"sysrq":              0xff15,     // Sys_Req
+	"pause":              0xff13,     // Pause
+	"break":              0xff6b,     // Break
+	"menu":               0xff67,     // Menu
+	"contextmenu":        0xff67,     // Menu
+	"apps":               0xff67,     // Menu
+	"volumeup":           0x1008ff13, // XF86AudioRaiseVolume
+	"audiovolumeup":      0x1008ff13, // XF86AudioRaiseVolume
+	"volumedown":         0x1008ff11, // XF86AudioLowerVolume
+	"audiovolumedown":    0x1008ff11, // XF86AudioLowerVolume
+	"volumemute":         0x1008ff12, // XF86AudioMute
+	"mute":               0x1008ff12, // XF86AudioMute
+	"audiovolumemute":    0x1008ff12, // XF86AudioMute
+	"mediaplaypause":     0x1008ff14, // XF86AudioPlay
+	"playpause":          0x1008ff14, // XF86AudioPlay
+	"medianexttrack":     0x1008ff17, // XF86AudioNext
+	"mediaprevioustrack": 0x1008ff16, // XF86AudioPrev
+	"mediastop":          0x1008ff15, // XF86AudioStop
+	"browserback":        0x1008ff26, // XF86Back
+	"browserforward":     0x1008ff27, // XF86Forward
+	"browserrefresh":     0x1008ff29, // XF86Refresh
+}

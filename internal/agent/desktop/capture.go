@@ -1,0 +1,252 @@
+package desktop
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"image"
+	"image/jpeg"
+
+	"github.com/jezek/xgb"
+	"github.com/jezek/xgb/shm"
+	"github.com/jezek/xgb/xproto"
+	"golang.org/x/image/draw"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/action"
+)
+
+// Shot is an encoded screenshot.
+type Shot struct {
+	Format string // action.FormatPNG or action.FormatJPEG
+	Width  int
+	Height int
+	Data   []byte
+}
+
+// pixelLayout says where the 8-bit red, green and blue channels sit in the
+// 4 bytes of a ZPixmap pixel of the root window.
+type pixelLayout struct {
+	r, g, b int
+}
+
+// bgrx is the layout of a little-endian server with the usual 24-bit
+// TrueColor visual (Xvfb, Xorg).
+var bgrx = pixelLayout{r: 2, g: 1, b: 0}
+
+// layoutFor checks that the root window is 24- or 32-bit TrueColor stored in
+// 32 bits per pixel, the only depth the agent's servers use, and returns its
+// channel layout.
+func layoutFor(info *xproto.SetupInfo, scr *xproto.ScreenInfo) (pixelLayout, error) {
+	bpp := 0
+	for _, f := range info.PixmapFormats {
+		if f.Depth == scr.RootDepth {
+			bpp = int(f.BitsPerPixel)
+		}
+	}
+	if bpp != 32 {
+		return pixelLayout{}, fmt.Errorf("unsupported root depth %d (%d bits per pixel); run the X server at depth 24", scr.RootDepth, bpp)
+	}
+	var vis *xproto.VisualInfo
+	for _, dep := range scr.AllowedDepths {
+		for i := range dep.Visuals {
+			if dep.Visuals[i].VisualId == scr.RootVisual {
+				vis = &dep.Visuals[i]
+			}
+		}
+	}
+	if vis == nil {
+		return pixelLayout{}, fmt.Errorf("root visual %d not found", scr.RootVisual)
+	}
+	byteOf := func(mask uint32) int {
+		for i := 0; i < 4; i++ {
+			if mask == 0xff<<(8*i) {
+				if info.ImageByteOrder == xproto.ImageOrderMSBFirst {
+					return 3 - i
+				}
+				return i
+			}
+		}
+		return -1
+	}
+	l := pixelLayout{byteOf(vis.RedMask), byteOf(vis.GreenMask), byteOf(vis.BlueMask)}
+	if l.r < 0 || l.g < 0 || l.b < 0 {
+		return pixelLayout{}, fmt.Errorf("unsupported visual masks %#x/%#x/%#x", vis.RedMask, vis.GreenMask, vis.BlueMask)
+	}
+	return l, nil
+}
+
+// toRGBA converts w*h pixels of ZPixmap data into dst.Pix (stride w*4).
+func (l pixelLayout) toRGBA(dst, src []byte) {
+	n := len(dst) / 4
+	src = src[:n*4]
+	if l == bgrx {
+		// Two pixels per 64-bit load and store (the compiler turns these
+		// binary.LittleEndian calls into plain moves): swap the red and blue
+		// bytes of each half and set alpha.
+		const lo, g = 0x000000ff000000ff, 0x0000ff000000ff00
+		for len(src) >= 8 && len(dst) >= 8 {
+			v := binary.LittleEndian.Uint64(src)
+			binary.LittleEndian.PutUint64(dst, (v>>16)&lo|v&g|(v&lo)<<16|0xff000000ff000000)
+			src, dst = src[8:], dst[8:]
+		}
+		if len(src) >= 4 && len(dst) >= 4 {
+			dst[0], dst[1], dst[2], dst[3] = src[2], src[1], src[0], 0xff
+		}
+		return
+	}
+	for i := 0; i < len(src); i += 4 {
+		dst[i+0] = src[i+l.r]
+		dst[i+1] = src[i+l.g]
+		dst[i+2] = src[i+l.b]
+		dst[i+3] = 0xff
+	}
+}
+
+// shmSegment is a SysV shared-memory segment attached both here and in the
+// X server, which GetImage fills without copying the pixels through the
+// socket.
+type shmSegment struct {
+	seg  shm.Seg
+	data []byte
+}
+
+func newShmSegment(conn *xgb.Conn, size int) (*shmSegment, error) {
+	if _, err := shm.QueryVersion(conn).Reply(); err != nil {
+		return nil, err
+	}
+	id, err := unix.SysvShmGet(unix.IPC_PRIVATE, size, unix.IPC_CREAT|0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shmget: %w", err)
+	}
+	// Marking the segment for removal once both sides have attached means it
+	// is freed even if the agent dies.
+	defer unix.SysvShmCtl(id, unix.IPC_RMID, nil)
+	data, err := unix.SysvShmAttach(id, 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("shmat: %w", err)
+	}
+	seg, err := shm.NewSegId(conn)
+	if err != nil {
+		unix.SysvShmDetach(data)
+		return nil, err
+	}
+	if err := shm.AttachChecked(conn, seg, uint32(id), false).Check(); err != nil {
+		unix.SysvShmDetach(data)
+		return nil, fmt.Errorf("shm attach in the X server: %w", err)
+	}
+	return &shmSegment{seg: seg, data: data}, nil
+}
+
+func (s *shmSegment) close(conn *xgb.Conn) {
+	shm.Detach(conn, s.seg)
+	xproto.GetInputFocus(conn).Reply() // let the server detach first
+	unix.SysvShmDetach(s.data)
+}
+
+// capture reads r of the root window into a new RGBA image.
+func (d *Desktop) capture(r image.Rectangle) (*image.RGBA, error) {
+	img := image.NewRGBA(image.Rect(0, 0, r.Dx(), r.Dy()))
+	size := len(img.Pix)
+	d.shotMu.Lock()
+	if seg := d.seg; seg != nil && size <= len(seg.data) {
+		_, err := shm.GetImage(d.conn, xproto.Drawable(d.root), int16(r.Min.X), int16(r.Min.Y),
+			uint16(r.Dx()), uint16(r.Dy()), 0xffffffff, xproto.ImageFormatZPixmap, seg.seg, 0).Reply()
+		if err == nil {
+			d.pix.toRGBA(img.Pix, seg.data[:size])
+			d.shotMu.Unlock()
+			return img, nil
+		}
+		// The segment stopped working (server restarted its extension?):
+		// drop it and use the socket from now on.
+		seg.close(d.conn)
+		d.seg = nil
+	}
+	d.shotMu.Unlock()
+	reply, err := xproto.GetImage(d.conn, xproto.ImageFormatZPixmap, xproto.Drawable(d.root),
+		int16(r.Min.X), int16(r.Min.Y), uint16(r.Dx()), uint16(r.Dy()), 0xffffffff).Reply()
+	if err != nil {
+		return nil, fmt.Errorf("get image: %w", err)
+	}
+	if len(reply.Data) < size {
+		return nil, fmt.Errorf("get image returned %d bytes, want %d", len(reply.Data), size)
+	}
+	d.pix.toRGBA(img.Pix, reply.Data)
+	return img, nil
+}
+
+func (d *Desktop) screenRect() image.Rectangle { return image.Rect(0, 0, d.width, d.height) }
+
+// Screenshot captures the screen (or opts.Region of it), draws the pointer
+// if asked, scales it down and encodes it. opts must be valid for this
+// screen (action.Normalize and action.Validate); a region outside the screen
+// is an *action.Error.
+func (d *Desktop) Screenshot(ctx context.Context, opts action.ScreenshotOptions) (*Shot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	screen := d.screenRect()
+	r := opts.Region
+	if r.Empty() {
+		r = screen
+	}
+	if !r.In(screen) {
+		return nil, &action.Error{Msg: fmt.Sprintf("region %v is not inside the %dx%d screen", r, d.width, d.height)}
+	}
+	img, err := d.capture(r)
+	if err != nil {
+		return nil, err
+	}
+	d.ready.Store(true)
+	if opts.Cursor {
+		d.drawCursor(img, r.Min)
+	}
+	out := scaleDown(img, opts.Scale, opts.Width)
+	return encode(out, opts.Format, opts.Quality)
+}
+
+// scaleDown returns img scaled by scale, or to width keeping the aspect
+// ratio; it never scales up.
+func scaleDown(img *image.RGBA, scale float64, width int) *image.RGBA {
+	w, h := img.Rect.Dx(), img.Rect.Dy()
+	tw := w
+	switch {
+	case width > 0 && width < w:
+		tw = width
+	case scale > 0 && scale < 1:
+		tw = int(float64(w)*scale + 0.5)
+	}
+	if tw >= w || tw < 1 {
+		return img
+	}
+	th := max(1, int(float64(h)*float64(tw)/float64(w)+0.5))
+	dst := image.NewRGBA(image.Rect(0, 0, tw, th))
+	draw.ApproxBiLinear.Scale(dst, dst.Rect, img, img.Rect, draw.Src, nil)
+	return dst
+}
+
+func encode(img *image.RGBA, format string, quality int) (*Shot, error) {
+	var buf bytes.Buffer
+	shot := &Shot{Format: format, Width: img.Rect.Dx(), Height: img.Rect.Dy()}
+	switch format {
+	case action.FormatJPEG:
+		if quality <= 0 || quality > 100 {
+			quality = action.DefaultJPEGQuality
+		}
+		buf.Grow(len(img.Pix) / 10)
+		if err := jpeg.Encode(&buf, img, &jpeg.Options{Quality: quality}); err != nil {
+			return nil, fmt.Errorf("encode jpeg: %w", err)
+		}
+	case action.FormatPNG, "":
+		shot.Format = action.FormatPNG
+		buf.Grow(len(img.Pix) / 8)
+		if err := encodePNG(&buf, img); err != nil {
+			return nil, fmt.Errorf("encode png: %w", err)
+		}
+	default:
+		return nil, &action.Error{Msg: fmt.Sprintf("format must be png or jpeg, not %q", format)}
+	}
+	shot.Data = buf.Bytes()
+	return shot, nil
+}

@@ -1,0 +1,287 @@
+package desktop
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jezek/xgb/xproto"
+	"github.com/jezek/xgb/xtest"
+
+	"github.com/cubicle-dev/cubicle/internal/action"
+)
+
+// Pauses between synthesized events. They are short, but some toolkits
+// need them: a drag must move after the press before it starts, and the
+// clicks of a double click must be separate events yet inside the
+// double-click time.
+const (
+	clickGap     = 40 * time.Millisecond
+	scrollGap    = 5 * time.Millisecond
+	dragSettle   = 30 * time.Millisecond
+	dragStepGap  = 2 * time.Millisecond
+	dragStepPx   = 8   // pixels per synthesized motion event
+	dragMaxSteps = 500 // motion events per drag, whatever its length
+)
+
+// fake sends one XTEST event: a key or button press/release (detail is the
+// keycode or button) or an absolute motion to (x, y).
+func (d *Desktop) fake(typ, detail byte, x, y int) {
+	xtest.FakeInput(d.conn, typ, detail, xproto.TimeCurrentTime, d.root, int16(x), int16(y), 0)
+}
+
+func (d *Desktop) moveTo(x, y int) { d.fake(xproto.MotionNotify, 0, x, y) }
+
+func buttonNumber(name string) byte {
+	switch name {
+	case action.ButtonRight:
+		return 3
+	case action.ButtonMiddle:
+		return 2
+	}
+	return 1
+}
+
+func scrollButton(direction string) byte {
+	switch direction {
+	case action.DirectionUp:
+		return 4
+	case action.DirectionDown:
+		return 5
+	case action.DirectionLeft:
+		return 6
+	}
+	return 7
+}
+
+// moveIfGiven moves the pointer to the action's x, y when it has them.
+func (d *Desktop) moveIfGiven(a action.Action) {
+	if a.X != nil && a.Y != nil {
+		d.moveTo(*a.X, *a.Y)
+	}
+}
+
+func (d *Desktop) click(a action.Action, count int) error {
+	d.moveIfGiven(a)
+	b := buttonNumber(a.Button)
+	for i := 0; i < count; i++ {
+		if i > 0 {
+			time.Sleep(clickGap)
+		}
+		d.fake(xproto.ButtonPress, b, 0, 0)
+		d.fake(xproto.ButtonRelease, b, 0, 0)
+	}
+	return d.sync()
+}
+
+func (d *Desktop) mouseButton(a action.Action, down bool) error {
+	d.moveIfGiven(a)
+	typ := byte(xproto.ButtonRelease)
+	if down {
+		typ = xproto.ButtonPress
+	}
+	b := buttonNumber(a.Button)
+	d.fake(typ, b, 0, 0)
+	d.buttons[b] = down
+	return d.sync()
+}
+
+// drag presses at the first point, moves through the others in small steps
+// and releases at the last.
+func (d *Desktop) drag(a action.Action) error {
+	b := buttonNumber(a.Button)
+	p0 := a.Path[0]
+	d.moveTo(p0[0], p0[1])
+	if err := d.sync(); err != nil {
+		return err
+	}
+	d.fake(xproto.ButtonPress, b, 0, 0)
+	time.Sleep(dragSettle)
+	total := 0.0
+	for i := 1; i < len(a.Path); i++ {
+		total += math.Hypot(float64(a.Path[i][0]-a.Path[i-1][0]), float64(a.Path[i][1]-a.Path[i-1][1]))
+	}
+	step := math.Max(dragStepPx, total/dragMaxSteps)
+	for i := 1; i < len(a.Path); i++ {
+		from, to := a.Path[i-1], a.Path[i]
+		n := max(1, int(math.Ceil(math.Hypot(float64(to[0]-from[0]), float64(to[1]-from[1]))/step)))
+		for s := 1; s <= n; s++ {
+			x := from[0] + (to[0]-from[0])*s/n
+			y := from[1] + (to[1]-from[1])*s/n
+			d.moveTo(x, y)
+			time.Sleep(dragStepGap)
+		}
+	}
+	time.Sleep(dragSettle)
+	d.fake(xproto.ButtonRelease, b, 0, 0)
+	return d.sync()
+}
+
+func (d *Desktop) scroll(a action.Action) error {
+	d.moveIfGiven(a)
+	b := scrollButton(a.Direction)
+	for i := 0; i < a.Amount; i++ {
+		if i > 0 {
+			time.Sleep(scrollGap)
+		}
+		d.fake(xproto.ButtonPress, b, 0, 0)
+		d.fake(xproto.ButtonRelease, b, 0, 0)
+	}
+	return d.sync()
+}
+
+// comboCodes resolves a combo to the keycodes to press in order. A key on
+// the shifted level gets Shift pressed before it unless the combo already
+// holds Shift.
+func (d *Desktop) comboCodes(keys []string) ([]xproto.Keycode, error) {
+	syms, err := action.ParseCombo(keys)
+	if err != nil {
+		return nil, &action.Error{Msg: err.Error()}
+	}
+	var codes []xproto.Keycode
+	shiftDown := false
+	for _, ks := range syms {
+		p, err := d.keys.lookup(ks)
+		if err != nil {
+			return nil, err
+		}
+		if p.shift && !shiftDown {
+			sp, err := d.keys.lookup(action.KeysymShiftL)
+			if err != nil {
+				return nil, err
+			}
+			codes = append(codes, sp.code)
+			shiftDown = true
+		}
+		if ks == action.KeysymShiftL || ks == 0xffe2 {
+			shiftDown = true
+		}
+		codes = append(codes, p.code)
+	}
+	return codes, nil
+}
+
+// key presses a combo and releases it in reverse order.
+func (d *Desktop) key(keys []string) error {
+	codes, err := d.comboCodes(keys)
+	if err != nil {
+		return err
+	}
+	for _, c := range codes {
+		d.keys.press(c, true, false)
+	}
+	for i := len(codes) - 1; i >= 0; i-- {
+		d.keys.press(codes[i], false, false)
+	}
+	d.keys.scheduleRestore()
+	return d.sync()
+}
+
+// keyHalf presses (key_down) or releases (key_up) a combo; releases go in
+// reverse order.
+func (d *Desktop) keyHalf(keys []string, down bool) error {
+	codes, err := d.comboCodes(keys)
+	if err != nil {
+		return err
+	}
+	if down {
+		for _, c := range codes {
+			d.keys.press(c, true, true)
+		}
+	} else {
+		for i := len(codes) - 1; i >= 0; i-- {
+			d.keys.press(codes[i], false, true)
+		}
+		d.keys.scheduleRestore()
+	}
+	return d.sync()
+}
+
+// holdKey presses a combo for duration. The keys are released even when
+// ctx ends first.
+func (d *Desktop) holdKey(ctx context.Context, keys []string, duration time.Duration) error {
+	codes, err := d.comboCodes(keys)
+	if err != nil {
+		return err
+	}
+	for _, c := range codes {
+		d.keys.press(c, true, true)
+	}
+	if err := d.sync(); err != nil {
+		return err
+	}
+	waitErr := sleep(ctx, duration)
+	for i := len(codes) - 1; i >= 0; i-- {
+		d.keys.press(codes[i], false, true)
+	}
+	d.keys.scheduleRestore()
+	if err := d.sync(); err != nil {
+		return err
+	}
+	return waitErr
+}
+
+// typeText types text one character at a time, delay apart. "\r\n" types
+// one Return.
+func (d *Desktop) typeText(ctx context.Context, text string, delay time.Duration) error {
+	defer d.keys.scheduleRestore()
+	var shift *keyPos
+	prev := rune(0)
+	first := true
+	for _, r := range text {
+		if r == '\n' && prev == '\r' {
+			prev = r
+			continue
+		}
+		prev = r
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !first && delay > 0 {
+			if err := d.sync(); err != nil {
+				return err
+			}
+			if err := sleep(ctx, delay); err != nil {
+				return err
+			}
+		}
+		first = false
+		ks, ok := action.RuneKeysym(r)
+		if !ok {
+			return &action.Error{Msg: fmt.Sprintf("the character U+%04X cannot be typed", r)}
+		}
+		p, err := d.keys.lookup(ks)
+		if err != nil {
+			return err
+		}
+		if p.shift && shift == nil {
+			sp, err := d.keys.lookup(action.KeysymShiftL)
+			if err != nil {
+				return err
+			}
+			shift = &sp
+		}
+		if p.shift {
+			d.keys.press(shift.code, true, false)
+		}
+		d.keys.press(p.code, true, false)
+		d.keys.press(p.code, false, false)
+		if p.shift {
+			d.keys.press(shift.code, false, false)
+		}
+	}
+	return d.sync()
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

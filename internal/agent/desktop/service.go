@@ -1,0 +1,125 @@
+package desktop
+
+import (
+	"context"
+	"errors"
+	"image"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/internal/action"
+	"github.com/cubicle-dev/cubicle/proto/desktop"
+	"github.com/cubicle-dev/cubicle/proto/desktop/desktopconnect"
+)
+
+// Error codes of ActResponse.error_code.
+const (
+	CodeInvalidArgument = "invalid_argument"
+	CodeInternal        = "internal"
+)
+
+// Service is the agent's Desktop Connect service. It can exist before the X
+// server is up: until SetDesktop hands it a connection, Info answers
+// ready=false and Screenshot and Act answer Unavailable.
+type Service struct {
+	version string
+	display string
+
+	mu sync.RWMutex
+	d  *Desktop
+}
+
+var _ desktopconnect.DesktopHandler = (*Service)(nil)
+
+// NewService returns a service that reports version and display in Info
+// and has no desktop yet.
+func NewService(version, display string) *Service {
+	return &Service{version: version, display: display}
+}
+
+// SetDesktop hands the service its desktop (nil takes it away). The service
+// does not close it.
+func (s *Service) SetDesktop(d *Desktop) {
+	s.mu.Lock()
+	s.d = d
+	s.mu.Unlock()
+}
+
+func (s *Service) desktop() *Desktop {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.d
+}
+
+var errNoDesktop = connect.NewError(connect.CodeUnavailable, errors.New("the X display is not up yet"))
+
+// Info reports the version, capabilities and screen. Ready becomes true
+// once a screenshot has succeeded; while it is false Info tries a one-pixel
+// capture itself, so polling Info is enough to wait for the desktop.
+func (s *Service) Info(ctx context.Context, _ *connect.Request[desktop.InfoRequest]) (*connect.Response[desktop.InfoResponse], error) {
+	resp := &desktop.InfoResponse{Version: s.version, Display: s.display}
+	if d := s.desktop(); d != nil {
+		if !d.Ready() {
+			_, _ = d.Screenshot(ctx, action.ScreenshotOptions{Format: action.FormatPNG, Region: image.Rect(0, 0, 1, 1)})
+		}
+		w, h := d.Size()
+		resp.Width, resp.Height = int32(w), int32(h)
+		resp.Capabilities = d.Capabilities()
+		resp.Ready = d.Ready()
+		if d.Display() != "" {
+			resp.Display = d.Display()
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// Screenshot captures the screen. Invalid options are InvalidArgument.
+func (s *Service) Screenshot(ctx context.Context, req *connect.Request[desktop.ScreenshotRequest]) (*connect.Response[desktop.ScreenshotResponse], error) {
+	d := s.desktop()
+	if d == nil {
+		return nil, errNoDesktop
+	}
+	res, err := d.Do(ctx, action.FromScreenshotRequest(req.Msg))
+	if err != nil {
+		var ae *action.Error
+		if errors.As(err, &ae) {
+			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New(ae.Msg))
+		}
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	return connect.NewResponse(res.Screenshot), nil
+}
+
+// Act runs the actions in order and stops at the first failure, which the
+// response describes (failed_index, error, error_code); failed_index is -1
+// when every action succeeded. Only a missing desktop is an RPC error.
+func (s *Service) Act(ctx context.Context, req *connect.Request[desktop.ActRequest]) (*connect.Response[desktop.ActResponse], error) {
+	d := s.desktop()
+	if d == nil {
+		return nil, errNoDesktop
+	}
+	resp := &desktop.ActResponse{FailedIndex: -1}
+	if n := len(req.Msg.GetActions()); n > action.MaxActions {
+		resp.FailedIndex, resp.ErrorCode = 0, CodeInvalidArgument
+		resp.Error = (&action.Error{Msg: "too many actions"}).Error()
+		return connect.NewResponse(resp), nil
+	}
+	for i, pa := range req.Msg.GetActions() {
+		res, err := d.Do(ctx, action.FromProto(pa))
+		if err != nil {
+			resp.FailedIndex = int32(i)
+			var ae *action.Error
+			if errors.As(err, &ae) {
+				resp.ErrorCode = CodeInvalidArgument
+				resp.Error = (&action.Error{Index: i, Msg: ae.Msg}).Error()
+			} else {
+				resp.ErrorCode = CodeInternal
+				resp.Error = err.Error()
+			}
+			break
+		}
+		resp.Results = append(resp.Results, res)
+	}
+	return connect.NewResponse(resp), nil
+}

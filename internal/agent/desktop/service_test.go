@@ -1,0 +1,124 @@
+package desktop
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/internal/action"
+	"github.com/cubicle-dev/cubicle/proto/desktop"
+	"github.com/cubicle-dev/cubicle/proto/desktop/desktopconnect"
+)
+
+func serve(t *testing.T, s *Service) desktopconnect.DesktopClient {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.Handle(desktopconnect.NewDesktopHandler(s))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return desktopconnect.NewDesktopClient(srv.Client(), srv.URL)
+}
+
+func TestServiceWithoutDesktop(t *testing.T) {
+	client := serve(t, NewService("v1.2.3", ":9"))
+	ctx := context.Background()
+	info, err := client.Info(ctx, connect.NewRequest(&desktop.InfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Msg.Version != "v1.2.3" || info.Msg.Ready || info.Msg.Display != ":9" {
+		t.Errorf("Info = %v, want version v1.2.3, not ready", info.Msg)
+	}
+	_, err = client.Screenshot(ctx, connect.NewRequest(&desktop.ScreenshotRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("Screenshot error = %v, want unavailable", err)
+	}
+	_, err = client.Act(ctx, connect.NewRequest(&desktop.ActRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("Act error = %v, want unavailable", err)
+	}
+}
+
+func TestService(t *testing.T) {
+	d, display := openDesktop(t)
+	newClient(t, display, winX, winY, winW, winH, "service")
+	s := NewService("v1", display)
+	client := serve(t, s)
+	ctx := context.Background()
+	s.SetDesktop(d)
+
+	info, err := client.Info(ctx, connect.NewRequest(&desktop.InfoRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !info.Msg.Ready || info.Msg.Width != 1024 || info.Msg.Height != 768 || !slices.Contains(info.Msg.Capabilities, CapXTEST) {
+		t.Errorf("Info = %v", info.Msg)
+	}
+
+	shot, err := client.Screenshot(ctx, connect.NewRequest(&desktop.ScreenshotRequest{Format: "jpeg", Width: 256}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if shot.Msg.Format != "jpeg" || shot.Msg.Width != 256 || shot.Msg.Height != 192 || len(shot.Msg.Data) == 0 {
+		t.Errorf("Screenshot = %s %dx%d, %d bytes", shot.Msg.Format, shot.Msg.Width, shot.Msg.Height, len(shot.Msg.Data))
+	}
+	_, err = client.Screenshot(ctx, connect.NewRequest(&desktop.ScreenshotRequest{Format: "gif"}))
+	if connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Errorf("gif screenshot error = %v, want invalid_argument", err)
+	}
+
+	acts := []action.Action{
+		{Type: "move", X: ip(10), Y: ip(20)},
+		{Type: "cursor_position"},
+		{Type: "screen_size"},
+		{Type: "screenshot", Scale: 0.25},
+	}
+	req := &desktop.ActRequest{}
+	for _, a := range acts {
+		req.Actions = append(req.Actions, action.ToProto(a))
+	}
+	resp, err := client.Act(ctx, connect.NewRequest(req))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := resp.Msg
+	if m.FailedIndex != -1 || m.Error != "" || len(m.Results) != 4 {
+		t.Fatalf("Act = %v", m)
+	}
+	if r := m.Results[1]; r.Type != "cursor_position" || r.X != 10 || r.Y != 20 {
+		t.Errorf("cursor_position result = %v", r)
+	}
+	if r := m.Results[3]; r.Screenshot == nil || r.Screenshot.Width != 256 {
+		t.Errorf("screenshot result = %v", r)
+	}
+
+	for _, tt := range []struct {
+		bad  *desktop.Action
+		code string
+	}{
+		{action.ToProto(action.Action{Type: "click", X: ip(5000), Y: ip(1)}), CodeInvalidArgument},
+		{&desktop.Action{Type: "teleport"}, CodeInvalidArgument},
+		{&desktop.Action{Type: "key", Keys: []string{"nosuchkey"}}, CodeInvalidArgument},
+	} {
+		req := &desktop.ActRequest{Actions: []*desktop.Action{action.ToProto(acts[0]), tt.bad, action.ToProto(acts[1])}}
+		resp, err := client.Act(ctx, connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := resp.Msg; m.FailedIndex != 1 || m.ErrorCode != tt.code || m.Error == "" || len(m.Results) != 1 {
+			t.Errorf("Act with %v = %v, want failed_index 1, %s", tt.bad, m, tt.code)
+		}
+	}
+
+	// A canceled request fails as internal, not as the user's mistake.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	r2, err := s.Act(cctx, connect.NewRequest(&desktop.ActRequest{Actions: []*desktop.Action{{Type: "wait", DurationMs: 1000}}}))
+	if err != nil || r2.Msg.FailedIndex != 0 || r2.Msg.ErrorCode != CodeInternal {
+		t.Errorf("canceled Act = %v, %v", r2, err)
+	}
+}
