@@ -1,0 +1,178 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"log/slog"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
+
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/metrics"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// Manager is what the API needs of the sandbox manager (internal/sandbox).
+// Errors are errdefs kinds; the API maps them to status codes.
+type Manager interface {
+	// Create creates a sandbox. With wait it returns once the desktop is
+	// ready (or failed and was cleaned up); without it at once, "starting".
+	Create(ctx context.Context, req sandbox.CreateRequest, wait bool) (sandbox.Sandbox, error)
+	// List returns the sandboxes that match f.
+	List(ctx context.Context, f sandbox.Filter) []sandbox.Sandbox
+	// Get returns one sandbox; errdefs.ErrNotFound for unknown ids.
+	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
+	// Destroy stops a sandbox and frees everything it holds.
+	Destroy(ctx context.Context, id string) error
+	// SetTimeout sets a sandbox's expiry to seconds from now (0 = the
+	// daemon's maximum lifetime) and returns the sandbox.
+	SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
+	// Agent returns the agent client of a running sandbox and marks it active
+	// (idle timer reset). errdefs.ErrNotFound for unknown ids, ErrConflict
+	// when not running.
+	Agent(ctx context.Context, id string) (*agentclient.Client, error)
+	// Backends describes every backend the daemon knows.
+	Backends(ctx context.Context) []sandbox.BackendInfo
+	// DefaultBackend names the backend used when a request names none.
+	DefaultBackend() string
+	// Capacity reports the sandbox capacity.
+	Capacity() sandbox.Capacity
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxBodyBytes   = 1 << 20  // 1 MiB of JSON
+	DefaultMaxUploadBytes = 1 << 30  // 1 GiB per uploaded file
+	DefaultMaxExecOutput  = 10 << 20 // 10 MiB of stdout+stderr
+	DefaultCreateRate     = 5        // creates per second
+	DefaultCreateBurst    = 10
+)
+
+// Config configures the API. Zero values mean the defaults above.
+type Config struct {
+	// APIKeys are the accepted API keys. With none, auth is off (the daemon
+	// refuses to listen on a non-loopback address without keys).
+	APIKeys []string
+	// Version is reported by GET /v1/info.
+	Version string
+	// MaxBodyBytes caps JSON request bodies (413 beyond).
+	MaxBodyBytes int64
+	// MaxUploadBytes caps file uploads (413 beyond).
+	MaxUploadBytes int64
+	// MaxExecOutput caps the stdout+stderr bytes of one exec.
+	MaxExecOutput int
+	// CreateRate and CreateBurst limit POST /v1/sandboxes (429 beyond).
+	// rate.Inf disables the limit.
+	CreateRate  rate.Limit
+	CreateBurst int
+	// MetricsAuth requires an API key for GET /metrics.
+	MetricsAuth bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.MaxUploadBytes <= 0 {
+		c.MaxUploadBytes = DefaultMaxUploadBytes
+	}
+	if c.MaxExecOutput <= 0 {
+		c.MaxExecOutput = DefaultMaxExecOutput
+	}
+	if c.CreateRate <= 0 {
+		c.CreateRate = DefaultCreateRate
+	}
+	if c.CreateBurst <= 0 {
+		c.CreateBurst = DefaultCreateBurst
+	}
+	return c
+}
+
+// server holds the handlers' dependencies.
+type server struct {
+	cfg     Config
+	mgr     Manager
+	metrics *metrics.Metrics
+	log     *slog.Logger
+	keys    [][sha256.Size]byte
+	create  *rate.Limiter
+	mux     *http.ServeMux
+	open    map[string]bool // patterns that need no API key
+}
+
+// route is one registered endpoint.
+type route struct {
+	pattern string // ServeMux pattern: "METHOD /path"
+	handler http.HandlerFunc
+	open    bool // no API key needed
+}
+
+// routes is the route table: every endpoint of the API, registered from
+// here, checked against the OpenAPI document and the auth tests.
+func (s *server) routes() []route {
+	return []route{
+		{pattern: "GET /healthz", handler: s.health, open: true},
+		{pattern: "GET /metrics", handler: s.metricsHandler(), open: !s.cfg.MetricsAuth},
+		{pattern: "GET /v1/info", handler: s.info},
+		{pattern: "GET /v1/openapi.json", handler: s.openAPI},
+
+		{pattern: "POST /v1/sandboxes", handler: s.createSandbox},
+		{pattern: "GET /v1/sandboxes", handler: s.listSandboxes},
+		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox},
+		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
+
+		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot},
+		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions},
+
+		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
+		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile},
+		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile},
+		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile},
+		{pattern: "GET /v1/sandboxes/{id}/files/list", handler: s.listFiles},
+	}
+}
+
+// New returns the API's handler. m and log may be nil (fresh metrics, the
+// default logger).
+func New(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) http.Handler {
+	return newServer(cfg, mgr, m, log)
+}
+
+func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *server {
+	if m == nil {
+		m = metrics.New()
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg = cfg.withDefaults()
+	s := &server{
+		cfg:     cfg,
+		mgr:     mgr,
+		metrics: m,
+		log:     log,
+		create:  rate.NewLimiter(cfg.CreateRate, cfg.CreateBurst),
+		mux:     http.NewServeMux(),
+		open:    map[string]bool{},
+	}
+	for _, k := range cfg.APIKeys {
+		if k != "" {
+			s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+		}
+	}
+	for _, rt := range s.routes() {
+		s.mux.HandleFunc(rt.pattern, rt.handler)
+		if rt.open {
+			s.open[rt.pattern] = true
+		}
+	}
+	return s
+}
+
+func (s *server) metricsHandler() http.HandlerFunc {
+	h := promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})
+	return h.ServeHTTP
+}

@@ -1,0 +1,224 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+
+	"github.com/cubicle-dev/cubicle/internal/action"
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+)
+
+// API error codes (the "code" of an error body).
+const (
+	codeUnauthorized     = "unauthorized"
+	codeNotFound         = "not_found"
+	codeInvalid          = "invalid_argument"
+	codeConflict         = "conflict"
+	codePayloadTooLarge  = "payload_too_large"
+	codeCapacity         = "capacity_exhausted"
+	codeRateLimited      = "rate_limited"
+	codeTimeout          = "timeout"
+	codeNotSupported     = "not_supported"
+	codeUnavailable      = "unavailable"
+	codePermissionDenied = "permission_denied"
+	codeMethodNotAllowed = "method_not_allowed"
+	codeCanceled         = "canceled"
+	codeInternal         = "internal"
+)
+
+// statusClientClosed is nginx's status for a client that went away; the
+// client never sees it, logs and metrics do.
+const statusClientClosed = 499
+
+// apiError is the inner object of an error body.
+type apiError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	// Index is the failing action's position (actions endpoint only).
+	Index *int `json:"index,omitempty"`
+}
+
+// errorBody is the body of every error answer.
+type errorBody struct {
+	Error apiError `json:"error"`
+	// Results are the results of the actions before the failing one.
+	Results []map[string]any `json:"results,omitempty"`
+}
+
+// httpError is an error decided in this package: status, code and a message
+// meant for users.
+type httpError struct {
+	status int
+	code   string
+	msg    string
+	index  *int
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+// invalidf returns a 400 invalid_argument error with a user message.
+func invalidf(format string, args ...any) error {
+	return &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: fmt.Sprintf(format, args...)}
+}
+
+// kinds maps each errdefs kind to its status, code and default message.
+var kinds = []struct {
+	kind   error
+	status int
+	code   string
+	msg    string
+}{
+	{errdefs.ErrNotFound, http.StatusNotFound, codeNotFound, "not found"},
+	{errdefs.ErrInvalid, http.StatusBadRequest, codeInvalid, "invalid argument"},
+	{errdefs.ErrConflict, http.StatusConflict, codeConflict, "conflict"},
+	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, codeUnavailable, "temporarily unavailable"},
+	{errdefs.ErrCapacity, http.StatusServiceUnavailable, codeCapacity, "no capacity for another sandbox"},
+	{errdefs.ErrRateLimited, http.StatusTooManyRequests, codeRateLimited, "too many requests"},
+	{errdefs.ErrTimeout, http.StatusGatewayTimeout, codeTimeout, "timed out"},
+	{errdefs.ErrNotSupported, http.StatusConflict, codeNotSupported, "not supported by this sandbox's backend"},
+	{errdefs.ErrPayloadTooLarge, http.StatusRequestEntityTooLarge, codePayloadTooLarge, "payload too large"},
+	{errdefs.ErrUnauthorized, http.StatusUnauthorized, codeUnauthorized, "unauthorized"},
+}
+
+// classify is the one place that maps an error to the HTTP status, API error
+// code and user message of its answer. Messages of internal errors are
+// generic; the caller logs the details.
+func classify(err error) *httpError {
+	var he *httpError
+	if errors.As(err, &he) {
+		return he
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &httpError{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
+			msg: fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)}
+	}
+	var ae *action.Error
+	if errors.As(err, &ae) {
+		i := ae.Index
+		return &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: ae.Error(), index: &i}
+	}
+	for _, k := range kinds {
+		if errors.Is(err, k.kind) {
+			msg := errdefs.UserMessage(err)
+			if msg == "" {
+				msg = k.msg
+			}
+			return &httpError{status: k.status, code: k.code, msg: msg}
+		}
+	}
+	var se *agentclient.StatusError
+	if errors.As(err, &se) {
+		return classifyAgentStatus(se)
+	}
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return classifyConnect(ce)
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return &httpError{status: http.StatusGatewayTimeout, code: codeTimeout, msg: "timed out"}
+	case errors.Is(err, context.Canceled):
+		return &httpError{status: statusClientClosed, code: codeCanceled, msg: "request canceled"}
+	}
+	return &httpError{status: http.StatusInternalServerError, code: codeInternal, msg: "internal error"}
+}
+
+// classifyConnect maps an error of the agent's Connect services. Messages of
+// client-side codes come from the agent and describe the request (a bad
+// path, a missing file); others are replaced.
+func classifyConnect(ce *connect.Error) *httpError {
+	guest := agentMessage(ce.Message())
+	switch ce.Code() {
+	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
+		return &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: orDefault(guest, "invalid argument")}
+	case connect.CodeNotFound:
+		return &httpError{status: http.StatusNotFound, code: codeNotFound, msg: orDefault(guest, "not found")}
+	case connect.CodeAlreadyExists, connect.CodeFailedPrecondition, connect.CodeAborted:
+		return &httpError{status: http.StatusConflict, code: codeConflict, msg: orDefault(guest, "conflict")}
+	case connect.CodePermissionDenied:
+		return &httpError{status: http.StatusForbidden, code: codePermissionDenied, msg: orDefault(guest, "permission denied")}
+	case connect.CodeUnimplemented:
+		return &httpError{status: http.StatusConflict, code: codeNotSupported, msg: "not supported by this sandbox's agent"}
+	case connect.CodeResourceExhausted:
+		return &httpError{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge, msg: orDefault(guest, "too large")}
+	case connect.CodeDeadlineExceeded:
+		return &httpError{status: http.StatusGatewayTimeout, code: codeTimeout, msg: "the sandbox did not answer in time"}
+	case connect.CodeUnavailable:
+		return &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, msg: "the sandbox's agent is unavailable"}
+	case connect.CodeCanceled:
+		return &httpError{status: statusClientClosed, code: codeCanceled, msg: "request canceled"}
+	}
+	return &httpError{status: http.StatusInternalServerError, code: codeInternal, msg: "internal error"}
+}
+
+// classifyAgentStatus maps a non-2xx answer of the agent's /files endpoints.
+func classifyAgentStatus(se *agentclient.StatusError) *httpError {
+	guest := agentMessage(se.Message)
+	switch se.Code {
+	case http.StatusNotFound:
+		return &httpError{status: http.StatusNotFound, code: codeNotFound, msg: orDefault(guest, "file not found")}
+	case http.StatusBadRequest:
+		return &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: orDefault(guest, "invalid argument")}
+	case http.StatusForbidden:
+		return &httpError{status: http.StatusForbidden, code: codePermissionDenied, msg: orDefault(guest, "permission denied")}
+	case http.StatusConflict:
+		return &httpError{status: http.StatusConflict, code: codeConflict, msg: orDefault(guest, "conflict")}
+	case http.StatusRequestEntityTooLarge:
+		return &httpError{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge, msg: orDefault(guest, "payload too large")}
+	case http.StatusInsufficientStorage:
+		return &httpError{status: http.StatusInsufficientStorage, code: "insufficient_storage", msg: "no space left in the sandbox"}
+	}
+	return &httpError{status: http.StatusInternalServerError, code: codeInternal, msg: "internal error"}
+}
+
+// agentMessage tidies a message from inside a sandbox for an error body: one
+// line, valid UTF-8, bounded.
+func agentMessage(s string) string {
+	s = strings.TrimSpace(strings.ToValidUTF8(s, "\uFFFD"))
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	const maxLen = 512
+	if len(s) > maxLen {
+		cut := maxLen
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// writeError answers with err's status and error body. Server-side errors
+// are logged with their details, which the body never carries.
+func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	s.writeErrorResults(w, r, err, nil)
+}
+
+// writeErrorResults is writeError with the results of the actions that ran
+// before a failing one.
+func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err error, results []map[string]any) {
+	he := classify(err)
+	if he.status >= 500 {
+		s.logInternal(r, "request failed", err)
+	}
+	writeJSON(w, he.status, errorBody{
+		Error:   apiError{Code: he.code, Message: he.msg, Index: he.index},
+		Results: results,
+	})
+}

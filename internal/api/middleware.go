@@ -1,0 +1,170 @@
+package api
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// unmatchedRoute labels requests that match no route in logs and metrics.
+const unmatchedRoute = "unmatched"
+
+// ServeHTTP runs every request through recovery, logging, metrics and auth,
+// then the route's handler.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rec := &statusWriter{ResponseWriter: w}
+	_, pattern := s.mux.Handler(r)
+	route := pattern
+	if route == "" {
+		route = unmatchedRoute
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("panic in handler", "method", r.Method, "route", route,
+				"panic", v, "stack", string(debug.Stack()))
+			if !rec.wroteHeader {
+				writeJSON(rec, http.StatusInternalServerError, errorBody{Error: apiError{
+					Code: codeInternal, Message: "internal error",
+				}})
+			}
+		}
+		status := rec.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		s.metrics.HTTPRequests.WithLabelValues(route, strconv.Itoa(status)).Inc()
+		attrs := []any{"method", r.Method, "route", route, "status", status,
+			"duration", time.Since(start)}
+		if id := r.PathValue("id"); id != "" {
+			attrs = append(attrs, "sandbox", id)
+		}
+		s.log.Info("http request", attrs...)
+	}()
+
+	if !s.open[pattern] && !s.authorized(r) {
+		rec.Header().Set("WWW-Authenticate", `Bearer realm="cubicle"`)
+		s.writeError(rec, r, errUnauthorized)
+		return
+	}
+	if pattern == "" {
+		s.serveUnmatched(rec, r)
+		return
+	}
+	s.mux.ServeHTTP(rec, r)
+}
+
+// errUnauthorized is the answer to a missing or wrong API key.
+var errUnauthorized = &httpError{status: http.StatusUnauthorized, code: codeUnauthorized,
+	msg: "missing or invalid API key (send X-API-Key or Authorization: Bearer)"}
+
+// authorized reports whether r carries one of the configured API keys. Both
+// sides are hashed so that the comparison is constant time whatever the
+// lengths, and every key is compared, without an early exit.
+func (s *server) authorized(r *http.Request) bool {
+	if len(s.keys) == 0 {
+		return true
+	}
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		if auth := r.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+			key = strings.TrimSpace(auth[7:])
+		}
+	}
+	if key == "" {
+		return false
+	}
+	got := sha256.Sum256([]byte(key))
+	match := 0
+	for _, k := range s.keys {
+		match |= subtle.ConstantTimeCompare(got[:], k[:])
+	}
+	return match == 1
+}
+
+// serveUnmatched answers a request that matches no route in the API's error
+// shape: 404, or 405 (with Allow) when the path exists with other methods.
+// Anything else the mux would do (redirects to a cleaned path) is passed on.
+func (s *server) serveUnmatched(w http.ResponseWriter, r *http.Request) {
+	buf := &bufferWriter{header: http.Header{}}
+	s.mux.ServeHTTP(buf, r)
+	switch buf.status {
+	case http.StatusNotFound:
+		s.writeError(w, r, &httpError{status: http.StatusNotFound, code: codeNotFound,
+			msg: "no such endpoint: " + r.Method + " " + r.URL.Path})
+	case http.StatusMethodNotAllowed:
+		if allow := buf.header.Get("Allow"); allow != "" {
+			w.Header().Set("Allow", allow)
+		}
+		s.writeError(w, r, &httpError{status: http.StatusMethodNotAllowed, code: codeMethodNotAllowed,
+			msg: "method " + r.Method + " is not allowed on " + r.URL.Path})
+	default:
+		for k, v := range buf.header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(buf.status)
+		_, _ = w.Write(buf.body.Bytes())
+	}
+}
+
+// statusWriter records the status code written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status = code
+		w.wroteHeader = code >= 200
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer (Flush).
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// bufferWriter captures a small response in memory.
+type bufferWriter struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (b *bufferWriter) Header() http.Header { return b.header }
+func (b *bufferWriter) WriteHeader(code int) {
+	if b.status == 0 {
+		b.status = code
+	}
+}
+func (b *bufferWriter) Write(p []byte) (int, error) {
+	if b.status == 0 {
+		b.status = http.StatusOK
+	}
+	return b.body.Write(p)
+}
+
+// logInternal logs an error whose details must not reach the user.
+func (s *server) logInternal(r *http.Request, msg string, err error) {
+	attrs := []any{"method", r.Method, "path", r.URL.Path, "err", err}
+	if id := r.PathValue("id"); id != "" {
+		attrs = append(attrs, "sandbox", id)
+	}
+	s.log.ErrorContext(r.Context(), msg, attrs...)
+}

@@ -1,0 +1,45 @@
+package api
+
+import (
+	_ "embed"
+	"net/http"
+
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// openAPIDoc is the OpenAPI 3 document of the API, served as is.
+//
+//go:embed openapi.json
+var openAPIDoc []byte
+
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *server) openAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(openAPIDoc)
+}
+
+// infoResponse is the answer of GET /v1/info.
+type infoResponse struct {
+	Version        string                `json:"version"`
+	Backends       []sandbox.BackendInfo `json:"backends"`
+	DefaultBackend string                `json:"default_backend"`
+	Capacity       sandbox.Capacity      `json:"capacity"`
+}
+
+func (s *server) info(w http.ResponseWriter, r *http.Request) {
+	b := s.mgr.Backends(r.Context())
+	if b == nil {
+		b = []sandbox.BackendInfo{}
+	}
+	writeJSON(w, http.StatusOK, infoResponse{
+		Version:        s.cfg.Version,
+		Backends:       b,
+		DefaultBackend: s.mgr.DefaultBackend(),
+		Capacity:       s.mgr.Capacity(),
+	})
+}
