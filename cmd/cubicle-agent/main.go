@@ -1,0 +1,143 @@
+// Command cubicle-agent is the agent inside every cubicle sandbox: it serves
+// the desktop, process and filesystem services (see internal/agent) on a
+// unix socket, reaps orphans as PID 1 and supervises the desktop session
+// described by /etc/cubicle/session.json. It is built with CGO_ENABLED=0.
+//
+// The per-sandbox token comes in the environment variable
+// CUBICLE_AGENT_TOKEN, which the agent removes from its environment at
+// start; every other variable is the sandbox's default environment for
+// processes.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/agent/desktop"
+	"github.com/cubicle-dev/cubicle/internal/agent/reap"
+	"github.com/cubicle-dev/cubicle/internal/agent/session"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	listen := flag.String("listen", "/run/cubicle/agent.sock", "unix socket to serve on")
+	listenTCP := flag.String("listen-tcp", "", "also serve on this TCP address (e.g. :49983)")
+	sessionPath := flag.String("session", session.DefaultPath, "desktop session config; empty or missing file means no desktop")
+	insecure := flag.Bool("insecure", false, "allow running without "+agent.TokenEnv+" (tests only)")
+	defaultUser := flag.String("default-user", "root", "user for requests that name none")
+	showVersion := flag.Bool("version", false, "print the version and exit")
+	flag.Parse()
+	if *showVersion {
+		fmt.Println(version)
+		return
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	slog.SetDefault(log)
+	if err := run(log, *listen, *listenTCP, *sessionPath, *defaultUser, *insecure); err != nil {
+		log.Error("cubicle-agent", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, insecure bool) error {
+	token := agent.TokenFromEnv() // before anything can inherit the environment
+	env := os.Environ()
+
+	var cfg *session.Config
+	if sessionPath != "" {
+		c, err := session.Load(sessionPath)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			log.Info("no desktop session", "config", sessionPath)
+		case err != nil:
+			log.Error("desktop session disabled", "err", err)
+		default:
+			cfg = &c
+		}
+	}
+	display := ":0"
+	if cfg != nil {
+		display = cfg.Display
+	}
+
+	reaper, err := reap.Start(reap.All, log)
+	if err != nil {
+		return err
+	}
+	defer reaper.Stop()
+	desk := desktop.NewService(version, display)
+	srv, err := agent.New(agent.Options{
+		Token: token, Insecure: insecure, Version: version, Reaper: reaper,
+		Env: env, Display: display, DefaultUser: defaultUser, Desktop: desk, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+
+	lns := []net.Listener{}
+	ln, err := agent.ListenUnix(listen)
+	if err != nil {
+		return err
+	}
+	lns = append(lns, ln)
+	if listenTCP != "" {
+		tl, err := net.Listen("tcp", listenTCP)
+		if err != nil {
+			return fmt.Errorf("listen %s: %w", listenTCP, err)
+		}
+		lns = append(lns, tl)
+	}
+	serveErr := make(chan error, len(lns))
+	for _, l := range lns {
+		go func() { serveErr <- srv.Serve(l) }()
+	}
+
+	var sup *session.Supervisor
+	if cfg != nil {
+		vars, err := session.VarsFromEnv(os.Getenv)
+		if err != nil {
+			log.Error("desktop session: bad geometry; using defaults", "err", err)
+			vars, _ = session.VarsFromEnv(func(string) string { return "" })
+		}
+		sup, err = session.New(cfg.Expand(vars), session.Options{Reaper: reaper, Desktop: desk, Env: env, Logger: log})
+		if err != nil {
+			log.Error("desktop session disabled", "err", err)
+		} else {
+			sup.Start()
+			go func() {
+				if err := sup.Wait(context.Background()); err == nil {
+					log.Info("desktop ready")
+				}
+			}()
+		}
+	}
+
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	select {
+	case sig := <-sigs:
+		log.Info("shutting down", "signal", sig.String())
+	case err = <-serveErr:
+		log.Error("serve", "err", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if sup != nil {
+		_ = sup.Stop(ctx)
+	}
+	srv.Process.Signal(syscall.SIGTERM)
+	_ = srv.Shutdown(ctx)
+	return err
+}

@@ -1,0 +1,192 @@
+package session
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// DefaultPath is where the image puts the session config.
+const DefaultPath = "/etc/cubicle/session.json"
+
+// Config is the desktop session of an image (/etc/cubicle/session.json).
+// Argument strings may hold the placeholders {width}, {height}, {dpi},
+// {start_url} and {display}; see Expand.
+type Config struct {
+	// Display is the X display, ":N".
+	Display string `json:"display"`
+	// User runs programs that name no user of their own ("" = root).
+	User string `json:"user,omitempty"`
+	// Xvfb is the X server's argv; it always runs as root.
+	Xvfb []string `json:"xvfb"`
+	// Programs start once the display is up, each restarted when it exits.
+	Programs []Program `json:"programs"`
+}
+
+// Program is one supervised process of the session.
+type Program struct {
+	Name string   `json:"name"`
+	Argv []string `json:"argv"`
+	User string   `json:"user,omitempty"`
+}
+
+// Vars are the placeholder values.
+type Vars struct {
+	Width, Height, DPI int
+	StartURL           string
+}
+
+// Environment variables that set Vars.
+const (
+	EnvWidth    = "CUBICLE_WIDTH"
+	EnvHeight   = "CUBICLE_HEIGHT"
+	EnvDPI      = "CUBICLE_DPI"
+	EnvStartURL = "CUBICLE_START_URL"
+)
+
+// VarsFromEnv reads Vars from getenv (os.Getenv), with the defaults
+// 1024x768 at 96 dpi and no start URL.
+func VarsFromEnv(getenv func(string) string) (Vars, error) {
+	v := Vars{Width: 1024, Height: 768, DPI: 96, StartURL: getenv(EnvStartURL)}
+	for _, f := range []struct {
+		name     string
+		dst      *int
+		min, max int
+	}{
+		{EnvWidth, &v.Width, 16, 16384},
+		{EnvHeight, &v.Height, 16, 16384},
+		{EnvDPI, &v.DPI, 10, 1000},
+	} {
+		s := getenv(f.name)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < f.min || n > f.max {
+			return Vars{}, fmt.Errorf("%s=%q: want an integer in [%d, %d]", f.name, s, f.min, f.max)
+		}
+		*f.dst = n
+	}
+	if strings.ContainsRune(v.StartURL, 0) {
+		return Vars{}, fmt.Errorf("%s holds a NUL byte", EnvStartURL)
+	}
+	return v, nil
+}
+
+// Load reads and validates the config at path.
+func Load(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, err
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes and validates a config. Unknown fields are errors, so a
+// typo in an image does not silently drop a program.
+func Parse(b []byte) (Config, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	var c Config
+	if err := dec.Decode(&c); err != nil {
+		return Config{}, fmt.Errorf("session config: %w", err)
+	}
+	if dec.More() {
+		return Config{}, errors.New("session config: trailing data")
+	}
+	if err := c.validate(); err != nil {
+		return Config{}, fmt.Errorf("session config: %w", err)
+	}
+	return c, nil
+}
+
+// DisplayNumber returns N of a display ":N".
+func DisplayNumber(display string) (int, error) {
+	s, ok := strings.CutPrefix(display, ":")
+	n, err := strconv.Atoi(s)
+	if !ok || err != nil || n < 0 || n > 65535 || s != strconv.Itoa(n) {
+		return 0, fmt.Errorf("display %q: want :N", display)
+	}
+	return n, nil
+}
+
+func (c *Config) validate() error {
+	if _, err := DisplayNumber(c.Display); err != nil {
+		return err
+	}
+	if len(c.Xvfb) == 0 || c.Xvfb[0] == "" {
+		return errors.New("xvfb: empty argv")
+	}
+	seen := map[string]bool{}
+	for i, p := range c.Programs {
+		if p.Name == "" {
+			return fmt.Errorf("programs[%d]: no name", i)
+		}
+		if seen[p.Name] {
+			return fmt.Errorf("programs[%d]: duplicate name %q", i, p.Name)
+		}
+		seen[p.Name] = true
+		if len(p.Argv) == 0 || p.Argv[0] == "" {
+			return fmt.Errorf("program %q: empty argv", p.Name)
+		}
+	}
+	for _, s := range c.strings() {
+		if strings.ContainsRune(s, 0) {
+			return errors.New("NUL byte in a string")
+		}
+	}
+	return nil
+}
+
+func (c *Config) strings() []string {
+	out := append([]string{c.Display, c.User}, c.Xvfb...)
+	for _, p := range c.Programs {
+		out = append(out, p.Name, p.User)
+		out = append(out, p.Argv...)
+	}
+	return out
+}
+
+// Expand returns c with the placeholders in every argv replaced. An
+// argument that is exactly "{start_url}" is dropped when StartURL is empty,
+// so the browser opens its default page rather than an empty URL. Program
+// users default to c.User, then root.
+func (c Config) Expand(v Vars) Config {
+	r := strings.NewReplacer(
+		"{width}", strconv.Itoa(v.Width),
+		"{height}", strconv.Itoa(v.Height),
+		"{dpi}", strconv.Itoa(v.DPI),
+		"{start_url}", v.StartURL,
+		"{display}", c.Display,
+	)
+	argv := func(in []string) []string {
+		out := make([]string, 0, len(in))
+		for _, a := range in {
+			if a == "{start_url}" && v.StartURL == "" {
+				continue
+			}
+			out = append(out, r.Replace(a))
+		}
+		return out
+	}
+	out := Config{Display: c.Display, User: c.User, Xvfb: argv(c.Xvfb)}
+	for _, p := range c.Programs {
+		user := p.User
+		if user == "" {
+			user = c.User
+		}
+		if user == "" {
+			user = "root"
+		}
+		out.Programs = append(out.Programs, Program{Name: p.Name, Argv: argv(p.Argv), User: user})
+	}
+	return out
+}

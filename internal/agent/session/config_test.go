@@ -1,0 +1,116 @@
+package session
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const imageConfig = `{
+  "display": ":0",
+  "user": "user",
+  "xvfb": ["Xvfb", ":0", "-screen", "0", "{width}x{height}x24", "-dpi", "{dpi}", "-nolisten", "tcp", "-ac"],
+  "programs": [
+    {"name": "wm", "argv": ["openbox"], "user": "user"},
+    {"name": "browser", "argv": ["/usr/local/bin/cubicle-browser", "{start_url}"], "user": "user"},
+    {"name": "vnc", "argv": ["x11vnc", "-display", "{display}", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"], "user": "root"},
+    {"name": "term", "argv": ["sh", "-c", "open {start_url}"]}
+  ]
+}`
+
+func TestParseExpand(t *testing.T) {
+	c, err := Parse([]byte(imageConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		env  map[string]string
+		want Config
+	}{
+		{
+			name: "defaults drop an empty start_url",
+			want: Config{Display: ":0", User: "user",
+				Xvfb: []string{"Xvfb", ":0", "-screen", "0", "1024x768x24", "-dpi", "96", "-nolisten", "tcp", "-ac"},
+				Programs: []Program{
+					{Name: "wm", Argv: []string{"openbox"}, User: "user"},
+					{Name: "browser", Argv: []string{"/usr/local/bin/cubicle-browser"}, User: "user"},
+					{Name: "vnc", Argv: []string{"x11vnc", "-display", ":0", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"}, User: "root"},
+					{Name: "term", Argv: []string{"sh", "-c", "open "}, User: "user"},
+				}},
+		},
+		{
+			name: "env values",
+			env:  map[string]string{EnvWidth: "1280", EnvHeight: "800", EnvDPI: "144", EnvStartURL: "https://example.com/?a=1&b={x}"},
+			want: Config{Display: ":0", User: "user",
+				Xvfb: []string{"Xvfb", ":0", "-screen", "0", "1280x800x24", "-dpi", "144", "-nolisten", "tcp", "-ac"},
+				Programs: []Program{
+					{Name: "wm", Argv: []string{"openbox"}, User: "user"},
+					{Name: "browser", Argv: []string{"/usr/local/bin/cubicle-browser", "https://example.com/?a=1&b={x}"}, User: "user"},
+					{Name: "vnc", Argv: []string{"x11vnc", "-display", ":0", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"}, User: "root"},
+					{Name: "term", Argv: []string{"sh", "-c", "open https://example.com/?a=1&b={x}"}, User: "user"},
+				}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v, err := VarsFromEnv(func(k string) string { return tt.env[k] })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, c.Expand(v)); diff != "" {
+				t.Errorf("Expand (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := map[string]string{
+		"bad display":     `{"display": "0", "xvfb": ["Xvfb"]}`,
+		"display garbage": `{"display": ":01", "xvfb": ["Xvfb"]}`,
+		"no xvfb":         `{"display": ":0", "xvfb": []}`,
+		"unknown field":   `{"display": ":0", "xvfb": ["Xvfb"], "extra": 1}`,
+		"no name":         `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"argv": ["a"]}]}`,
+		"duplicate":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"]}, {"name": "a", "argv": ["b"]}]}`,
+		"empty argv":      `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": []}]}`,
+		"NUL":             `{"display": ":0", "xvfb": ["Xvfb", "a\u0000"]}`,
+		"trailing":        `{"display": ":0", "xvfb": ["Xvfb"]} {}`,
+		"not json":        `display=:0`,
+	}
+	for name, in := range tests {
+		if _, err := Parse([]byte(in)); err == nil {
+			t.Errorf("%s: Parse succeeded", name)
+		}
+	}
+}
+
+func TestVarsFromEnvErrors(t *testing.T) {
+	for _, env := range []map[string]string{
+		{EnvWidth: "wide"}, {EnvHeight: "-1"}, {EnvDPI: "100000"}, {EnvStartURL: "a\x00"},
+	} {
+		if _, err := VarsFromEnv(func(k string) string { return env[k] }); err == nil {
+			t.Errorf("VarsFromEnv(%v) succeeded", env)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(imageConfig), "https://x", 800)
+	f.Add([]byte(`{"display": ":1", "xvfb": ["{display}{start_url}"], "programs": [{"name": "p", "argv": ["{start_url}"]}]}`), "", 0)
+	f.Fuzz(func(t *testing.T, data []byte, url string, w int) {
+		c, err := Parse(data)
+		if err != nil {
+			return
+		}
+		e := c.Expand(Vars{Width: w, Height: 1, DPI: 1, StartURL: url})
+		if len(e.Programs) != len(c.Programs) {
+			t.Fatal("Expand lost a program")
+		}
+		for _, p := range e.Programs {
+			if p.User == "" {
+				t.Fatal("program without user")
+			}
+		}
+	})
+}

@@ -1,0 +1,407 @@
+// Package session starts and supervises the sandbox's desktop session from
+// the image's /etc/cubicle/session.json: the Xvfb X server, then each
+// program (window manager, browser, VNC server) as its configured user.
+// Programs that exit are restarted with backoff; if Xvfb dies it is
+// restarted and the agent's X connection re-established. The session is
+// ready when the first screenshot succeeds. Only cmd/cubicle-agent imports
+// it.
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent/account"
+	"github.com/cubicle-dev/cubicle/internal/agent/desktop"
+	"github.com/cubicle-dev/cubicle/internal/agent/process"
+	"github.com/cubicle-dev/cubicle/internal/agent/reap"
+)
+
+// Options configure a Supervisor.
+type Options struct {
+	// Reaper owns child exit statuses. Required.
+	Reaper *reap.Reaper
+	// Desktop receives the X connection; may be nil.
+	Desktop Sink
+	// Env is the sandbox's default environment, given to every program.
+	Env []string
+	// Output receives the programs' stdout and stderr (default os.Stderr).
+	Output *os.File
+	// Logger; nil means slog.Default().
+	Logger *slog.Logger
+	// Grace is how long Stop waits after SIGTERM before SIGKILL (default 5s).
+	Grace time.Duration
+	// MinBackoff and MaxBackoff bound the restart delay (default 500ms, 30s).
+	// A program that ran longer than StableAfter (default 10s) restarts
+	// after MinBackoff again.
+	MinBackoff, MaxBackoff, StableAfter time.Duration
+	// StartTimeout bounds how long Xvfb may take to accept connections
+	// before it is killed and started again (default 30s).
+	StartTimeout time.Duration
+}
+
+// Supervisor runs one desktop session. Create it with New, then Start it.
+type Supervisor struct {
+	cfg  Config
+	opts Options
+	log  *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	ready     chan struct{}
+	readyOnce sync.Once
+
+	mu       sync.Mutex
+	err      error
+	up       chan struct{} // closed while the display is up; replaced when it goes down
+	children map[int]string
+	stopOnce sync.Once
+}
+
+// New returns a supervisor of cfg, which must be expanded (Config.Expand).
+func New(cfg Config, opts Options) (*Supervisor, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if opts.Reaper == nil {
+		return nil, errors.New("session: no reaper")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Output == nil {
+		opts.Output = os.Stderr
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&opts.Grace, 5*time.Second)
+	def(&opts.MinBackoff, 500*time.Millisecond)
+	def(&opts.MaxBackoff, 30*time.Second)
+	def(&opts.StableAfter, 10*time.Second)
+	def(&opts.StartTimeout, 30*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Supervisor{
+		cfg: cfg, opts: opts, log: opts.Logger.With("component", "session"),
+		ctx: ctx, cancel: cancel,
+		ready: make(chan struct{}), up: make(chan struct{}), children: map[int]string{},
+	}, nil
+}
+
+// Start starts Xvfb and the programs in the background and returns at
+// once; watch Ready for the outcome.
+func (s *Supervisor) Start() {
+	s.wg.Add(1 + len(s.cfg.Programs))
+	go s.runX()
+	for _, p := range s.cfg.Programs {
+		go s.runProgram(p)
+	}
+}
+
+// Ready is closed once the first screenshot has succeeded.
+func (s *Supervisor) Ready() <-chan struct{} { return s.ready }
+
+// Err is the last error of the session (e.g. why Xvfb did not come up),
+// or nil.
+func (s *Supervisor) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// Wait waits until the session is ready or ctx ends; then it returns the
+// session's last error as well as ctx's.
+func (s *Supervisor) Wait(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return nil
+	case <-ctx.Done():
+		return errors.Join(ctx.Err(), s.Err())
+	}
+}
+
+func (s *Supervisor) setErr(err error) {
+	s.mu.Lock()
+	s.err = err
+	s.mu.Unlock()
+}
+
+// displayUp returns a channel that is closed while the display is up.
+func (s *Supervisor) displayUp() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.up
+}
+
+// Stop terminates every program and Xvfb: SIGTERM to each process group,
+// SIGKILL after the grace period. It returns when all have exited or ctx
+// ends, and is safe to call more than once.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		s.cancel()
+		s.signalAll(syscall.SIGTERM)
+	})
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	grace := time.NewTimer(s.opts.Grace)
+	defer grace.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-grace.C:
+		s.log.Warn("session: programs still running after grace period; killing")
+		s.signalAll(syscall.SIGKILL)
+	case <-ctx.Done():
+		s.signalAll(syscall.SIGKILL)
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Supervisor) signalAll(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for pid := range s.children {
+		_ = syscall.Kill(-pid, sig)
+	}
+}
+
+// spawn starts argv as user in its own process group.
+func (s *Supervisor) spawn(name string, argv []string, user string) (int, <-chan reap.Status, error) {
+	if len(argv) == 0 {
+		return 0, nil, errors.New("empty argv")
+	}
+	acct, err := account.Lookup(user)
+	if err != nil {
+		return 0, nil, err
+	}
+	env := process.BuildEnv(acct, s.opts.Env, "", nil, map[string]string{"DISPLAY": s.cfg.Display})
+	dir := acct.Home
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		dir = "/"
+	}
+	path, err := process.LookPath(argv[0], envValue(env, "PATH"), dir)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s: %w", argv[0], err)
+	}
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer null.Close()
+	out := s.opts.Output.Fd()
+	attr := &syscall.ProcAttr{
+		Dir: dir, Env: env, Files: []uintptr{null.Fd(), out, out},
+		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: acct.Credential()},
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return 0, nil, s.ctx.Err()
+	}
+	pid, status, err := s.opts.Reaper.Spawn(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	if err != nil {
+		return 0, nil, err
+	}
+	s.children[pid] = name
+	s.log.Info("session: started", "program", name, "pid", pid, "user", acct.Name, "argv", argv)
+	return pid, status, nil
+}
+
+// exited forgets pid (so Stop never signals a reused pid) and logs.
+func (s *Supervisor) exited(name string, st reap.Status, ran time.Duration) {
+	s.mu.Lock()
+	delete(s.children, st.Pid)
+	s.mu.Unlock()
+	lvl := slog.LevelWarn
+	if s.ctx.Err() != nil {
+		lvl = slog.LevelInfo
+	}
+	s.log.Log(context.Background(), lvl, "session: exited", "program", name, "pid", st.Pid, "status", st.String(), "ran", ran.Round(time.Millisecond))
+}
+
+// sleep waits d or until the session stops, reporting whether to go on.
+func (s *Supervisor) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-s.ctx.Done():
+		return false
+	}
+}
+
+type backoff struct {
+	min, max, stable, cur time.Duration
+}
+
+// next is the delay before a restart of something that ran for ran.
+func (b *backoff) next(ran time.Duration) time.Duration {
+	if ran >= b.stable || b.cur == 0 {
+		b.cur = b.min
+	} else {
+		b.cur = min(2*b.cur, b.max)
+	}
+	return b.cur
+}
+
+// runX keeps Xvfb running and the desktop connected.
+func (s *Supervisor) runX() {
+	defer s.wg.Done()
+	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
+	for s.ctx.Err() == nil {
+		began := time.Now()
+		pid, status, err := s.spawn("xvfb", s.cfg.Xvfb, "root")
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.setErr(fmt.Errorf("start Xvfb: %w", err))
+			s.log.Error("session: cannot start Xvfb", "err", err)
+			if !s.sleep(bo.next(0)) {
+				return
+			}
+			continue
+		}
+		d, err := s.connect(status, pid)
+		if err != nil {
+			s.setErr(err)
+			s.log.Error("session: display did not come up", "err", err)
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+		} else {
+			s.mu.Lock()
+			s.err = nil
+			close(s.up)
+			s.mu.Unlock()
+			if s.opts.Desktop != nil {
+				s.opts.Desktop.SetDesktop(d)
+			}
+			s.readyOnce.Do(func() { close(s.ready) })
+			s.log.Info("session: display ready", "display", s.cfg.Display, "after", time.Since(began).Round(time.Millisecond))
+		}
+		var st reap.Status
+		if status != nil {
+			st = <-status
+		}
+		s.exited("xvfb", st, time.Since(began))
+		if d != nil {
+			s.mu.Lock()
+			s.up = make(chan struct{})
+			s.mu.Unlock()
+			if s.opts.Desktop != nil {
+				s.opts.Desktop.SetDesktop(nil)
+			}
+			_ = d.Close()
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.setErr(fmt.Errorf("xvfb exited: %s", st.String()))
+		if !s.sleep(bo.next(time.Since(began))) {
+			return
+		}
+	}
+}
+
+// connect waits for Xvfb's socket, connects and takes a screenshot. It
+// gives up when Xvfb exits or StartTimeout passes.
+func (s *Supervisor) connect(status <-chan reap.Status, pid int) (*desktop.Desktop, error) {
+	n, _ := DisplayNumber(s.cfg.Display)
+	sock := filepath.Join("/tmp/.X11-unix", "X"+strconv.Itoa(n))
+	deadline := time.Now().Add(s.opts.StartTimeout)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		if s.ctx.Err() != nil {
+			return nil, s.ctx.Err()
+		}
+		if xvfbExited(status) {
+			return nil, fmt.Errorf("xvfb (pid %d) exited before accepting connections", pid)
+		}
+		if _, err := os.Stat(sock); err != nil {
+			lastErr = err
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		d, err := openDisplay(s.cfg.Display)
+		if err != nil {
+			lastErr = err
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
+		err = probe(ctx, d)
+		cancel()
+		if err == nil {
+			return d, nil
+		}
+		lastErr = err
+		_ = d.Close()
+		time.Sleep(50 * time.Millisecond)
+	}
+	return nil, fmt.Errorf("display %s not ready after %v: %w", s.cfg.Display, s.opts.StartTimeout, lastErr)
+}
+
+// xvfbExited peeks at status without consuming it (the reaper's channel is
+// buffered and receives at most one value), so runX still reads it.
+func xvfbExited(status <-chan reap.Status) bool {
+	return len(status) > 0
+}
+
+// runProgram keeps one program running while the display is up.
+func (s *Supervisor) runProgram(p Program) {
+	defer s.wg.Done()
+	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
+	for {
+		select {
+		case <-s.displayUp():
+		case <-s.ctx.Done():
+			return
+		}
+		began := time.Now()
+		_, status, err := s.spawn(p.Name, p.Argv, p.User)
+		if err != nil {
+			if s.ctx.Err() != nil {
+				return
+			}
+			s.log.Error("session: cannot start program", "program", p.Name, "err", err)
+		} else {
+			st := <-status
+			s.exited(p.Name, st, time.Since(began))
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		delay := bo.next(time.Since(began))
+		s.log.Info("session: restarting", "program", p.Name, "in", delay)
+		if !s.sleep(delay) {
+			return
+		}
+	}
+}
+
+func envValue(env []string, key string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(env[i], "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
