@@ -7,7 +7,7 @@ packages=(
   runsc runc            # the gvisor and runc backends
   debootstrap           # building the desktop image
   xvfb xdotool x11-utils openbox  # the agent's X11 integration tests
-  e2fsprogs iproute2 ca-certificates
+  e2fsprogs iproute2 ca-certificates curl
 )
 
 missing=()

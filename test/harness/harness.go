@@ -3,6 +3,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -178,3 +180,23 @@ func (d *Daemon) Restart(ctx context.Context) error {
 
 // Pid is the daemon's process id.
 func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
+
+// HostProcesses lists host processes whose command line or environment names
+// sandbox id (runsc's sandbox and gofer; runc's container processes, whose
+// environment carries CUBICLE_SANDBOX_ID).
+func HostProcesses(id string) []int {
+	var pids []int
+	dirs, _ := os.ReadDir("/proc")
+	for _, e := range dirs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		environ, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if bytes.Contains(cmdline, []byte(id)) || bytes.Contains(environ, []byte("CUBICLE_SANDBOX_ID="+id)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}

@@ -1,0 +1,293 @@
+// Command bench measures cubicle on this machine and writes BENCHMARKS.md:
+// native screenshot/click/type latency through the REST API against the same
+// operations done the subprocess way (xdotool, scrot, import run through the
+// exec API) on the same sandbox in the same run, create-to-ready, and memory
+// per idle desktop sandbox. Run it with `make bench` (root, built image).
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+func main() {
+	imageDir := flag.String("image-dir", "/var/lib/cubicle/images", "image dir holding the desktop image")
+	backend := flag.String("backend", "gvisor", "backend to measure")
+	out := flag.String("out", "BENCHMARKS.md", "report file")
+	n := flag.Int("n", 100, "samples per native operation")
+	nSub := flag.Int("n-subprocess", 20, "samples per subprocess operation")
+	nCreate := flag.Int("n-create", 10, "sandboxes created for create-to-ready")
+	flag.Parse()
+	if err := run(*imageDir, *backend, *out, *n, *nSub, *nCreate); err != nil {
+		log.Fatal(err)
+	}
+}
+
+type result struct {
+	name    string
+	samples []time.Duration
+}
+
+func (r result) pct(p float64) time.Duration {
+	s := slices.Clone(r.samples)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	i := int(p * float64(len(s)-1))
+	return s[i]
+}
+
+func measure(name string, n int, f func() error) (result, error) {
+	r := result{name: name}
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		if err := f(); err != nil {
+			return r, fmt.Errorf("%s: %w", name, err)
+		}
+		r.samples = append(r.samples, time.Since(t0))
+	}
+	log.Printf("%-40s p50 %8s  p95 %8s", name, ms(r.pct(.5)), ms(r.pct(.95)))
+	return r, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+
+func run(imageDir, backend, out string, n, nSub, nCreate int) error {
+	ctx := context.Background()
+	dataDir, err := os.MkdirTemp("", "cubicle-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dataDir)
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir, DefaultBackend: backend,
+		Args: []string{"--max-sandboxes", "32"}})
+	if err != nil {
+		return err
+	}
+	defer d.Stop()
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
+	res := client.Resolution{Width: 1024, Height: 768}
+
+	sb, err := c.Create(ctx, client.CreateRequest{Resolution: &res})
+	if err != nil {
+		return err
+	}
+	defer c.Destroy(ctx, sb.ID)
+	id := sb.ID
+	// Let Chromium settle so both ways see the same quiet desktop.
+	time.Sleep(5 * time.Second)
+	for i := 0; i < 10; i++ { // warm up connections and caches
+		c.Screenshot(ctx, id, client.ScreenshotOptions{})
+		c.Move(ctx, id, 10, 10)
+	}
+
+	var rs []result
+	add := func(r result, err error) error {
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+		return nil
+	}
+	var shotBytes int
+	if err := add(measure("screenshot png (native)", n, func() error {
+		b, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "png"})
+		shotBytes = len(b)
+		return err
+	})); err != nil {
+		return err
+	}
+	if err := add(measure("screenshot jpeg q80 (native)", n, func() error {
+		_, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "jpeg", Quality: 80})
+		return err
+	})); err != nil {
+		return err
+	}
+	i := 0
+	if err := add(measure("click (native)", n, func() error {
+		i++
+		return c.Click(ctx, id, 200+i%50, 700)
+	})); err != nil {
+		return err
+	}
+	if err := add(measure("move (native)", n, func() error {
+		i++
+		return c.Move(ctx, id, 100+i%500, 100+i%300)
+	})); err != nil {
+		return err
+	}
+	if err := add(measure("type 10 chars (native)", n/4, func() error {
+		return c.Type(ctx, id, "abcdefghij")
+	})); err != nil {
+		return err
+	}
+
+	sh := func(cmd string) func() error {
+		return func() error {
+			r, err := c.Exec(ctx, id, client.ExecRequest{Command: cmd})
+			if err == nil && r.ExitCode != 0 {
+				err = fmt.Errorf("%q exited %d: %s", cmd, r.ExitCode, r.Stderr)
+			}
+			return err
+		}
+	}
+	// The subprocess way, as E2B Desktop does it: a command per action, and
+	// for a screenshot three round trips (scrot, read the file, remove it).
+	if err := add(measure("screenshot png (scrot + read + rm)", nSub, func() error {
+		if err := sh("scrot -o /tmp/bench-shot.png")(); err != nil {
+			return err
+		}
+		rc, err := c.Download(ctx, id, "/tmp/bench-shot.png")
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, rc)
+		rc.Close()
+		return c.RemoveFile(ctx, id, "/tmp/bench-shot.png")
+	})); err != nil {
+		return err
+	}
+	if err := add(measure("screenshot png (import -window root)", nSub, func() error {
+		if err := sh("import -window root /tmp/bench-import.png")(); err != nil {
+			return err
+		}
+		rc, err := c.Download(ctx, id, "/tmp/bench-import.png")
+		if err != nil {
+			return err
+		}
+		io.Copy(io.Discard, rc)
+		return rc.Close()
+	})); err != nil {
+		log.Printf("skipping import baseline: %v", err)
+	}
+	if err := add(measure("click (xdotool)", nSub, sh("xdotool mousemove 210 700 click 1"))); err != nil {
+		return err
+	}
+	if err := add(measure("move (xdotool)", nSub, sh("xdotool mousemove 300 300"))); err != nil {
+		return err
+	}
+	if err := add(measure("type 10 chars (xdotool)", nSub, sh("xdotool type abcdefghij"))); err != nil {
+		return err
+	}
+	if err := add(measure("exec true (round trip floor)", nSub, sh("true"))); err != nil {
+		return err
+	}
+
+	// Memory of one idle desktop with Chromium open, from the host's view.
+	pss := sandboxPSS(id)
+	log.Printf("idle sandbox PSS: %d MiB", pss>>20)
+
+	// Create-to-ready, sequentially, each destroyed right after.
+	create := result{name: "create-to-ready"}
+	for k := 0; k < nCreate; k++ {
+		t0 := time.Now()
+		s, err := c.Create(ctx, client.CreateRequest{Resolution: &res})
+		if err != nil {
+			return fmt.Errorf("create %d: %w", k, err)
+		}
+		create.samples = append(create.samples, time.Since(t0))
+		if err := c.Destroy(ctx, s.ID); err != nil {
+			return err
+		}
+	}
+	log.Printf("create-to-ready p50 %s p95 %s", ms(create.pct(.5)), ms(create.pct(.95)))
+
+	return os.WriteFile(out, []byte(report(backend, rs, create, pss, shotBytes, n, nSub)), 0o644)
+}
+
+// sandboxPSS sums the proportional set size of the host processes of a
+// sandbox (for gVisor: its sentry and gofer, which hold all guest memory).
+func sandboxPSS(id string) int64 {
+	var total int64
+	for _, pid := range harness.HostProcesses(id) {
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "smaps_rollup"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) >= 2 && f[0] == "Pss:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
+
+func machine() string {
+	var cpu string
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	kernel, _ := exec.Command("uname", "-r").Output()
+	var mem string
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1]
+		kb, _ := strconv.Atoi(mem)
+		mem = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
+	}
+	runsc, _ := exec.Command("runsc", "--version").Output()
+	return fmt.Sprintf("%d × %s, %s RAM, Linux %s, %s, runsc %s", runtime.NumCPU(), cpu, mem,
+		strings.TrimSpace(string(kernel)), runtime.Version(), strings.TrimSpace(strings.SplitN(string(runsc), "\n", 2)[0]))
+}
+
+func report(backend string, rs []result, create result, pss int64, shotBytes, n, nSub int) string {
+	find := func(name string) (result, bool) {
+		for _, r := range rs {
+			if r.name == name {
+				return r, true
+			}
+		}
+		return result{}, false
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Benchmarks\n\nWritten by `make bench` (test/bench) on %s.\n\n", time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "Machine: %s. Backend: `%s`, one sandbox at 1024×768 with Chromium open, driven through the REST API (Go SDK, HTTP keep-alive) on loopback. Native: %d samples per operation; subprocess: %d.\n\n", machine(), backend, n, nSub)
+	fmt.Fprintf(&b, "| operation | p50 | p95 | p99 |\n|---|---|---|---|\n")
+	for _, r := range rs {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.name, ms(r.pct(.5)), ms(r.pct(.95)), ms(r.pct(.99)))
+	}
+	fmt.Fprintf(&b, "\nPNG size of the 1024×768 screenshot: %d KiB.\n\n", shotBytes>>10)
+	fmt.Fprintf(&b, "## Native vs subprocess (same sandbox, same run; ratio of medians)\n\n| operation | native p50 | subprocess p50 | speed-up |\n|---|---|---|---|\n")
+	for _, pair := range [][2]string{
+		{"screenshot png (native)", "screenshot png (scrot + read + rm)"},
+		{"screenshot png (native)", "screenshot png (import -window root)"},
+		{"click (native)", "click (xdotool)"},
+		{"move (native)", "move (xdotool)"},
+		{"type 10 chars (native)", "type 10 chars (xdotool)"},
+	} {
+		a, ok1 := find(pair[0])
+		s, ok2 := find(pair[1])
+		if !ok1 || !ok2 {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s vs %s | %s | %s | %.1f× |\n", pair[0], pair[1], ms(a.pct(.5)), ms(s.pct(.5)),
+			float64(s.pct(.5))/float64(a.pct(.5)))
+	}
+	fmt.Fprintf(&b, "\n## Create and memory\n\n- create-to-ready (POST /v1/sandboxes until the desktop answers a screenshot; n=%d, sequential): p50 %s, p95 %s, max %s.\n",
+		len(create.samples), ms(create.pct(.5)), ms(create.pct(.95)), ms(create.pct(1)))
+	fmt.Fprintf(&b, "- memory of one idle desktop sandbox with Chromium open (PSS of its host processes): %d MiB.\n", pss>>20)
+	fmt.Fprintf(&b, "\nTargets (issue 2): native click p50 ≤ 5 ms, screenshot PNG p50 ≤ 40 ms, each ≥ 10× faster than its subprocess twin; create-to-ready ≤ 3 s.\n")
+	return b.String()
+}
