@@ -26,6 +26,13 @@ start=$(date +%s%N)
 id=$($cli create --json | sed -n 's/.*"id": *"\([a-z0-9]*\)".*/\1/p' | head -1)
 echo "sandbox $id ready in $(( ($(date +%s%N) - start) / 1000000 )) ms"
 
+echo "== waiting for Chromium's window"
+for _ in $(seq 150); do
+  $cli windows "$id" | grep -qi chromium && break
+  sleep 0.2
+done
+$cli windows "$id"
+
 echo "== opening a page in its Chromium, clicking and typing"
 $cli cp scripts/demo/page.html "$id:/tmp/demo.html"
 $cli key "$id" ctrl+l

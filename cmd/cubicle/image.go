@@ -1,0 +1,199 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cubicle-dev/cubicle/images"
+	"github.com/cubicle-dev/cubicle/internal/image"
+)
+
+// imageOps performs the image subcommands; localImages is the real one and
+// tests substitute a fake, since the real one needs root.
+type imageOps interface {
+	Build(ctx context.Context, name string, recipe fs.FS, imageDir, cacheDir string, progress io.Writer) (image.Image, error)
+	Import(ctx context.Context, name string, r io.Reader, imageDir string) (image.Image, error)
+	List(imageDir string) ([]image.Image, error)
+	Remove(imageDir, name string) error
+	// NeedRoot reports an error when this process may not change images.
+	NeedRoot() error
+}
+
+// localImages runs the image subcommands on this machine with package image.
+type localImages struct{}
+
+func (localImages) Build(ctx context.Context, name string, recipe fs.FS, imageDir, cacheDir string, progress io.Writer) (image.Image, error) {
+	return image.Build(ctx, name, recipe, imageDir, cacheDir, progress)
+}
+
+func (localImages) Import(ctx context.Context, name string, r io.Reader, imageDir string) (image.Image, error) {
+	return image.Import(ctx, name, r, imageDir)
+}
+
+func (localImages) List(imageDir string) ([]image.Image, error) { return image.List(imageDir) }
+
+func (localImages) Remove(imageDir, name string) error { return image.Remove(imageDir, name) }
+
+func (localImages) NeedRoot() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("this needs root (debootstrap, chroot and mounts); try sudo")
+	}
+	return nil
+}
+
+func imageCmd(a *app) *cobra.Command {
+	var imageDir, cacheDir string
+	cmd := &cobra.Command{
+		Use:   "image",
+		Short: "Build, import, list and remove sandbox images (local; needs root)",
+		Long: `Manage the images sandboxes boot from, on this machine: they live in
+--image-dir, which must be the daemon's --image-dir. These commands do not talk
+to the daemon; build, import and rm need root.`,
+	}
+	dir := a.getenv("CUBICLE_IMAGE_DIR")
+	if dir == "" {
+		dir = image.DefaultDir
+	}
+	cmd.PersistentFlags().StringVar(&imageDir, "image-dir", dir, "image directory (env CUBICLE_IMAGE_DIR)")
+
+	var recipeDir string
+	build := &cobra.Command{
+		Use:   "build NAME",
+		Short: "Build an image from a recipe (embedded, e.g. desktop, or --recipe DIR)",
+		Args:  exactArgs("NAME"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := args[0]
+			var recipe fs.FS
+			if recipeDir != "" {
+				recipe = os.DirFS(recipeDir)
+			} else {
+				r, ok := images.Recipe(name)
+				if !ok {
+					return usagef("no built-in recipe %q (built in: desktop); use --recipe DIR", name)
+				}
+				recipe = r
+			}
+			if err := a.images.NeedRoot(); err != nil {
+				return err
+			}
+			start := time.Now()
+			img, err := a.images.Build(cmd.Context(), name, recipe, imageDir, cacheDir, a.errOut)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut {
+				return writeJSONValue(a.out, img)
+			}
+			state := "built"
+			if img.Cached {
+				state = "up to date"
+			}
+			fmt.Fprintf(a.out, "%s %s in %s (%s)\n", img.Name, state, time.Since(start).Round(time.Second), humanBytes(img.SizeBytes))
+			return nil
+		},
+	}
+	build.Flags().StringVar(&recipeDir, "recipe", "", "build from this recipe directory instead of a built-in one")
+	build.Flags().StringVar(&cacheDir, "cache-dir", image.DefaultCacheDir, "package download cache")
+
+	imp := &cobra.Command{
+		Use:   "import NAME FILE",
+		Short: "Import an image from a `docker export` tarball (FILE or - for stdin)",
+		Args:  exactArgs("NAME", "FILE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.images.NeedRoot(); err != nil {
+				return err
+			}
+			var r io.Reader = a.in
+			if args[1] != "-" {
+				f, err := os.Open(args[1])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				r = f
+			}
+			img, err := a.images.Import(cmd.Context(), args[0], r, imageDir)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut {
+				return writeJSONValue(a.out, img)
+			}
+			fmt.Fprintf(a.out, "%s imported (%s)\n", img.Name, humanBytes(img.SizeBytes))
+			return nil
+		},
+	}
+
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List installed images",
+		Args:    exactArgs(),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			imgs, err := a.images.List(imageDir)
+			if err != nil {
+				return err
+			}
+			if a.jsonOut {
+				if imgs == nil {
+					imgs = []image.Image{}
+				}
+				return writeJSONValue(a.out, imgs)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSOURCE\tSIZE\tCREATED")
+			for _, img := range imgs {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.Name, orDash(img.Source), humanBytes(img.SizeBytes), age(img.CreatedAt))
+			}
+			return tw.Flush()
+		},
+	}
+
+	rm := &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove images (sandboxes running from them break)",
+		Args:  minArgs(1, "at least one image name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := a.images.NeedRoot(); err != nil {
+				return err
+			}
+			for _, name := range args {
+				if err := a.images.Remove(imageDir, name); err != nil {
+					return err
+				}
+				fmt.Fprintln(a.out, name)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(build, imp, ls, rm)
+	return cmd
+}
+
+func writeJSONValue(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// humanBytes renders n as 12.3 MiB.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

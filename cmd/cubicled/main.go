@@ -1,0 +1,175 @@
+// Command cubicled is the cubicle host daemon: the REST API, the sandbox
+// manager and reaper, and metrics. It holds flag parsing and wiring only.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/oci"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/metrics"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "cubicled:", err)
+		os.Exit(1)
+	}
+}
+
+// envOr returns the environment variable's value or def.
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v := os.Getenv(name); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v := os.Getenv(name); v != "" {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func run() error {
+	exe, _ := os.Executable()
+	var (
+		listen         = flag.String("listen", envOr("CUBICLE_LISTEN", "127.0.0.1:7171"), "address to serve the API on (CUBICLE_LISTEN)")
+		dataDir        = flag.String("data-dir", envOr("CUBICLE_DATA_DIR", "/var/lib/cubicle"), "store and per-sandbox state (CUBICLE_DATA_DIR)")
+		imageDir       = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images (CUBICLE_IMAGE_DIR)")
+		defaultBackend = flag.String("default-backend", envOr("CUBICLE_DEFAULT_BACKEND", "auto"), "auto, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
+		maxSandboxes   = flag.Int("max-sandboxes", envInt("CUBICLE_MAX_SANDBOXES", 16), "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
+		idleTimeout    = flag.Duration("idle-timeout", envDuration("CUBICLE_IDLE_TIMEOUT", 30*time.Minute), "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
+		maxLifetime    = flag.Duration("max-lifetime", envDuration("CUBICLE_MAX_LIFETIME", 60*time.Minute), "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
+		agentBin       = flag.String("agent-bin", envOr("CUBICLE_AGENT_BIN", filepath.Join(filepath.Dir(exe), "cubicle-agent")), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
+		logLevel       = flag.String("log-level", envOr("CUBICLE_LOG_LEVEL", "info"), "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
+		showVersion    = flag.Bool("version", false, "print the version and exit")
+	)
+	flag.Parse()
+	if *showVersion {
+		fmt.Println(version)
+		return nil
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+
+	var keys []string
+	for _, k := range strings.Split(os.Getenv("CUBICLE_API_KEYS"), ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 && !isLoopback(*listen) {
+		return fmt.Errorf("refusing to listen on %s without an API key: set CUBICLE_API_KEYS", *listen)
+	}
+	lifetime := *maxLifetime
+	if lifetime == 0 {
+		lifetime = -1 // unlimited
+	}
+
+	drivers := map[string]driver.Driver{}
+	for name, runtime := range map[string]string{"gvisor": "runsc", "runc": "runc"} {
+		drivers[name] = oci.New(oci.Config{
+			Runtime:     runtime,
+			StateDir:    filepath.Join(*dataDir, "oci", name),
+			AgentBinary: *agentBin,
+		})
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	m := metrics.New()
+	mgr, err := sandbox.New(ctx, sandbox.Config{
+		DataDir:        *dataDir,
+		Drivers:        drivers,
+		DefaultBackend: *defaultBackend,
+		Images: func(template string) (string, error) {
+			img, err := image.Lookup(*imageDir, template)
+			if err != nil {
+				return "", errdefs.Invalid("unknown template %q: no such image in %s (build it with `cubicle image build %s`)", template, *imageDir, template)
+			}
+			return img.RootFS, nil
+		},
+		MaxSandboxes: *maxSandboxes,
+		IdleTimeout:  *idleTimeout,
+		MaxLifetime:  lifetime,
+		Metrics:      m,
+		Log:          log,
+	})
+	if err != nil {
+		return err
+	}
+	defer mgr.Close()
+
+	handler := api.New(api.Config{APIKeys: keys, Version: version}, mgr, m, log)
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("cubicled listening", "addr", ln.Addr().String(), "version", version, "default_backend", *defaultBackend)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	// Graceful: stop accepting, let requests finish, leave sandboxes running
+	// for the next daemon to re-adopt.
+	log.Info("shutting down; sandboxes stay running")
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// isLoopback reports whether addr (host:port) only listens on loopback.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

@@ -1,0 +1,262 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
+)
+
+// stateVersion is the version of the State blob this driver writes.
+const stateVersion = 1
+
+// boxData is the State.Data of a box.
+type boxData struct {
+	ID      string `json:"id"`
+	Runtime string `json:"runtime"`
+	Pid     int    `json:"pid"`   // host pid of the container (runc: init; runsc: sandbox)
+	Dir     string `json:"dir"`   // STATEDIR/ID
+	Image   string `json:"image"` // lower layer of the rootfs overlay
+}
+
+// box is one running container. It implements driver.Box.
+type box struct {
+	d    *Driver
+	data boxData
+
+	dead     chan struct{} // closed when the container is gone
+	deadOnce sync.Once
+	stop     chan struct{} // closed to end the watcher
+	stopOnce sync.Once
+	watchers sync.WaitGroup
+
+	mu      sync.Mutex // serializes Stop
+	stopped bool
+}
+
+func newBox(d *Driver, data boxData) *box {
+	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+	b.watchers.Add(1)
+	go b.watch()
+	return b
+}
+
+func (b *box) markDead() { b.deadOnce.Do(func() { close(b.dead) }) }
+
+// stopWatch ends the watcher goroutine and waits for it.
+func (b *box) stopWatch() {
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.watchers.Wait()
+}
+
+// watch closes b.dead when the container's pid exits. It uses a pidfd, so a
+// recycled pid cannot fool it, and falls back to polling kill(pid, 0).
+func (b *box) watch() {
+	defer b.watchers.Done()
+	pid := b.data.Pid
+	fd, err := unix.PidfdOpen(pid, 0)
+	if errors.Is(err, unix.ESRCH) {
+		b.markDead()
+		return
+	}
+	if err != nil {
+		for {
+			if !alive(pid) {
+				b.markDead()
+				return
+			}
+			select {
+			case <-b.stop:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 250)
+		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+			b.markDead()
+			return
+		}
+		select {
+		case <-b.stop:
+			return
+		default:
+		}
+	}
+}
+
+// alive reports whether pid exists and is not a zombie.
+func alive(pid int) bool {
+	if unix.Kill(pid, 0) != nil {
+		return false
+	}
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the ")" closing the command name.
+	for i := len(data) - 1; i >= 0; i-- {
+		if data[i] == ')' {
+			return i+2 < len(data) && data[i+2] != 'Z'
+		}
+	}
+	return true
+}
+
+// waitAgent waits until the agent accepts a connection on its socket, the
+// container dies, or ctx ends.
+func (b *box) waitAgent(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := dialAgent(dctx, b.data.Dir)
+		cancel()
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent not ready: %w (last dial: %v)", ctx.Err(), err)
+		case <-b.dead:
+			return fmt.Errorf("container exited before the agent listened (last dial: %v)", err)
+		case <-t.C:
+		}
+	}
+}
+
+// DialAgent opens a new connection to the agent's unix socket, reachable on
+// the host because runsc runs with --host-uds=create (runc needs nothing).
+func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
+	select {
+	case <-b.dead:
+		return nil, fmt.Errorf("box %s: not running", b.data.ID)
+	default:
+	}
+	c, err := dialAgent(ctx, b.data.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("box %s: dial agent: %w", b.data.ID, err)
+	}
+	return c, nil
+}
+
+// State returns the versioned handle Adopt takes.
+func (b *box) State() driver.State {
+	data, _ := json.Marshal(b.data) // plain struct: cannot fail
+	return driver.State{Version: stateVersion, Driver: b.d.Name(), Data: data}
+}
+
+// Wait returns a channel closed when the container has died.
+func (b *box) Wait() <-chan struct{} { return b.dead }
+
+// Stop kills and deletes the container, unmounts its rootfs and removes its
+// directory, continuing past errors and returning them joined. It is safe to
+// call more than once and after the box died; a Stop that failed may be
+// retried. Teardown is not cut short by ctx's cancellation.
+func (b *box) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	var errs []error
+	if err := b.d.deleteContainer(ctx, b.data.ID); err != nil {
+		errs = append(errs, err)
+	}
+	// The runtime's delete kills the container; wait for it to be gone
+	// before pulling its rootfs away.
+	select {
+	case <-b.dead:
+	case <-time.After(10 * time.Second):
+		if alive(b.data.Pid) {
+			errs = append(errs, fmt.Errorf("box %s: pid %d still alive after delete", b.data.ID, b.data.Pid))
+		}
+	}
+	b.stopWatch()
+	if err := removeBoxDir(b.data.Dir); err != nil {
+		errs = append(errs, err)
+	}
+	b.markDead()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop %s: %w", b.data.ID, err)
+	}
+	b.stopped = true
+	return nil
+}
+
+// Adopt re-attaches to a box from its State. When the container is no longer
+// running, Adopt still returns a Box — with Wait already closed — so the
+// caller can Stop it to free its directory and mounts; an error means the
+// state itself is unusable (Cleanup then removes what is left).
+func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
+	if st.Driver != d.Name() {
+		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
+	}
+	if st.Version != stateVersion {
+		return nil, fmt.Errorf("adopt: unknown state version %d", st.Version)
+	}
+	var data boxData
+	if err := json.Unmarshal(st.Data, &data); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
+	}
+	if err := validID(data.ID); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
+	}
+	if data.Dir != d.boxDir(data.ID) {
+		return nil, fmt.Errorf("adopt %s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
+	}
+	cs, err := d.state(ctx, data.ID)
+	if err != nil || cs.Status != "running" || cs.Pid <= 0 {
+		b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+		b.markDead()
+		return b, nil
+	}
+	data.Pid = cs.Pid
+	return newBox(d, data), nil
+}
+
+// Cleanup deletes every container in the runtime root and every box
+// directory (with its mounts) under the state directory whose ID is not in
+// keep.
+func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	var errs []error
+	cs, err := d.list(ctx)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, c := range cs {
+		if !keep[c.ID] {
+			if err := d.deleteContainer(ctx, c.ID); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	ents, err := os.ReadDir(d.cfg.StateDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range ents {
+		if !e.IsDir() || validID(e.Name()) != nil || keep[e.Name()] {
+			continue
+		}
+		if err := removeBoxDir(filepath.Join(d.cfg.StateDir, e.Name())); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,452 @@
+// Package oci is the sandbox driver for OCI container runtimes: "gvisor"
+// (runsc, a user-space kernel) and "runc" (plain Linux namespaces). Only
+// cmd/cubicled and tests import it; the manager sees it as a driver.Driver.
+//
+// Each box is one container whose init is the cubicle agent. The driver keeps
+// everything of a box in STATEDIR/ID:
+//
+//	upper/ work/     the box's writable overlay layer
+//	bundle/          config.json and rootfs/ (the overlay mount)
+//	run/             bind-mounted at /run/cubicle; the agent's socket lives here
+//	console.log      the container's stdout and stderr (and the runtime's)
+//	pid              the runtime's pid file
+//
+// and the runtime's own state in STATEDIR/runtime-root. The config is built
+// from the runtime-spec Go types (github.com/opencontainers/runtime-spec) so
+// it is checked by the compiler against the very schema runsc and runc parse,
+// rather than hand-written JSON that drifts. The rootfs is an overlayfs mount
+// whose lower layer is the shared, read-only image directory: boxes start in
+// milliseconds without copying the ~1.5 GB image, and no box can change the
+// image or another box. The upper layer must not itself be on overlayfs.
+//
+// Runtimes run detached in their own session, so a daemon restart does not
+// kill boxes; Adopt re-attaches from the State blob.
+package oci
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
+)
+
+// Config configures a Driver.
+type Config struct {
+	// Runtime is "runsc" (backend "gvisor") or "runc" (backend "runc").
+	Runtime string
+	// RuntimePath is the runtime binary; empty means Runtime looked up on PATH.
+	RuntimePath string
+	// StateDir holds one directory per box and the runtime's state, e.g.
+	// /var/lib/cubicle/oci/gvisor. It must not be on overlayfs.
+	StateDir string
+	// AgentBinary is the host path of the static cubicle-agent binary; it
+	// is bind-mounted read-only at AgentPath in every box.
+	AgentBinary string
+	// RuntimeArgs are extra global flags for the runtime (before the
+	// subcommand), e.g. ["--platform=kvm"] or ["--debug-log=/tmp/runsc/"].
+	RuntimeArgs []string
+}
+
+// Driver starts boxes with runsc or runc. It is safe for concurrent use.
+type Driver struct {
+	cfg Config
+}
+
+var _ driver.Driver = (*Driver)(nil)
+
+// New returns a driver for cfg. It does not touch the host; call Available.
+func New(cfg Config) *Driver {
+	if cfg.RuntimePath == "" {
+		if p, err := exec.LookPath(cfg.Runtime); err == nil {
+			cfg.RuntimePath = p
+		} else {
+			cfg.RuntimePath = cfg.Runtime
+		}
+	}
+	return &Driver{cfg: cfg}
+}
+
+// Name returns "gvisor" for runsc and "runc" for runc.
+func (d *Driver) Name() string {
+	if d.isRunsc() {
+		return "gvisor"
+	}
+	return d.cfg.Runtime
+}
+
+// Isolation returns driver.IsolationGVisor for runsc and
+// driver.IsolationNamespace for runc.
+func (d *Driver) Isolation() string {
+	if d.isRunsc() {
+		return driver.IsolationGVisor
+	}
+	return driver.IsolationNamespace
+}
+
+func (d *Driver) isRunsc() bool { return d.cfg.Runtime == "runsc" }
+
+func (d *Driver) runtimeRoot() string { return filepath.Join(d.cfg.StateDir, "runtime-root") }
+
+func (d *Driver) boxDir(id string) string { return filepath.Join(d.cfg.StateDir, id) }
+
+// unavailable wraps driver.ErrUnavailable with a reason.
+func (d *Driver) unavailable(format string, args ...any) error {
+	return fmt.Errorf("%s: %w: %s", d.Name(), driver.ErrUnavailable, fmt.Sprintf(format, args...))
+}
+
+// Available checks that the runtime is installed and runs, that the daemon
+// is root, that overlayfs and cgroups are there, that the state directory is
+// usable for overlay upper layers and that the agent binary exists.
+func (d *Driver) Available(ctx context.Context) error {
+	if d.cfg.Runtime != "runsc" && d.cfg.Runtime != "runc" {
+		return d.unavailable("unknown runtime %q (want runsc or runc)", d.cfg.Runtime)
+	}
+	if os.Geteuid() != 0 {
+		return d.unavailable("needs root to start containers (euid %d)", os.Geteuid())
+	}
+	path, err := exec.LookPath(d.cfg.RuntimePath)
+	if err != nil {
+		return d.unavailable("%s not found (apt-get install %s): %v", d.cfg.Runtime, d.cfg.Runtime, err)
+	}
+	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(vctx, path, "--version").CombinedOutput(); err != nil {
+		return d.unavailable("%s --version failed: %v: %s", path, err, strings.TrimSpace(string(out)))
+	}
+	if !hasFilesystem("overlay") {
+		return d.unavailable("kernel has no overlayfs (modprobe overlay)")
+	}
+	if err := checkCgroups(); err != nil {
+		return d.unavailable("%v", err)
+	}
+	if d.cfg.StateDir == "" || !filepath.IsAbs(d.cfg.StateDir) {
+		return d.unavailable("state directory %q is not an absolute path", d.cfg.StateDir)
+	}
+	if err := os.MkdirAll(d.cfg.StateDir, 0o700); err != nil {
+		return d.unavailable("state directory: %v", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(d.cfg.StateDir, &st); err == nil && st.Type == unix.OVERLAYFS_SUPER_MAGIC {
+		return d.unavailable("state directory %s is on overlayfs, which cannot hold an overlay upper layer", d.cfg.StateDir)
+	}
+	fi, err := os.Stat(d.cfg.AgentBinary)
+	if err != nil {
+		return d.unavailable("agent binary: %v", err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return d.unavailable("agent binary %s is not an executable file", d.cfg.AgentBinary)
+	}
+	return nil
+}
+
+func hasFilesystem(name string) bool {
+	data, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == name {
+			return true
+		}
+	}
+	return false
+}
+
+// checkCgroups checks for a memory and pids controller, cgroup v1 or v2.
+func checkCgroups() error {
+	if data, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		c := " " + strings.TrimSpace(string(data)) + " "
+		for _, want := range []string{"memory", "pids", "cpu"} {
+			if !strings.Contains(c, " "+want+" ") {
+				return fmt.Errorf("cgroup v2 lacks the %s controller", want)
+			}
+		}
+		return nil
+	}
+	for _, want := range []string{"memory", "pids", "cpu"} {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", want)); err != nil {
+			return fmt.Errorf("no cgroup v1 %s controller at /sys/fs/cgroup/%s", want, want)
+		}
+	}
+	return nil
+}
+
+// maxSocketPath is the longest unix socket path Linux accepts
+// (sizeof(sun_path) - 1).
+const maxSocketPath = 107
+
+// cleanupStack runs registered undo steps in reverse unless released.
+type cleanupStack struct{ fns []func() }
+
+func (c *cleanupStack) add(f func()) { c.fns = append(c.fns, f) }
+func (c *cleanupStack) release()     { c.fns = nil }
+func (c *cleanupStack) clean() {
+	for i := len(c.fns) - 1; i >= 0; i-- {
+		c.fns[i]()
+	}
+	c.fns = nil
+}
+
+// Create starts a box from spec and waits until its agent accepts
+// connections on its socket, bounded by ctx (or two minutes when ctx has no
+// deadline). On error everything it made is removed again.
+func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, err error) {
+	if err := validID(spec.ID); err != nil {
+		return nil, err
+	}
+	spec = withDefaults(spec)
+	// Mount the resolved path, so the mount table names the image version
+	// in use and image GC keeps it while the box runs.
+	image, err := filepath.EvalSymlinks(spec.Image)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: image: %w", spec.ID, err)
+	}
+	spec.Image = image
+	if fi, err := os.Stat(filepath.Join(spec.Image, "etc")); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("create %s: image %q is not a rootfs directory", spec.ID, spec.Image)
+	}
+	if _, hasDeadline := ctx.Deadline(); !hasDeadline {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+	}
+	teardown := context.WithoutCancel(ctx)
+	var cu cleanupStack
+	defer cu.clean()
+
+	if err := os.MkdirAll(d.cfg.StateDir, 0o700); err != nil {
+		return nil, err
+	}
+	dir := d.boxDir(spec.ID)
+	if sock := filepath.Join(dir, "run", "agent.sock"); len(sock) > maxSocketPath {
+		return nil, fmt.Errorf("create %s: agent socket path %s is longer than %d bytes; use a shorter state directory", spec.ID, sock, maxSocketPath)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("create %s: sandbox directory %s already exists", spec.ID, dir)
+		}
+		return nil, err
+	}
+	cu.add(func() { removeBoxDir(dir) })
+	bundle := filepath.Join(dir, "bundle")
+	rootfs := filepath.Join(bundle, "rootfs")
+	runDir := filepath.Join(dir, "run")
+	for _, p := range []string{filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs, runDir} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := mountOverlay(spec.Image, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	if err := makeMountPoints(rootfs); err != nil {
+		return nil, fmt.Errorf("create %s: prepare rootfs: %w", spec.ID, err)
+	}
+	cfg, err := json.MarshalIndent(ociSpec(spec, rootfs, runDir, d.cfg.AgentBinary, !d.isRunsc()), "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
+		return nil, err
+	}
+
+	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer console.Close()
+	pidFile := filepath.Join(dir, "pid")
+	cu.add(func() { d.deleteContainer(teardown, spec.ID) })
+	cmd := d.command(ctx, "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, spec.ID)
+	// The container inherits these files as its stdio: they must be files,
+	// not pipes to the daemon, so it outlives us.
+	cmd.Stdout, cmd.Stderr = console, console
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("create %s: %s run: %w\n%s", spec.ID, d.cfg.Runtime, err, tailFile(filepath.Join(dir, "console.log"), 20))
+	}
+	pid, err := readPid(pidFile)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	b := newBox(d, boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image})
+	cu.add(func() { b.stopWatch() })
+	if err := b.waitAgent(ctx); err != nil {
+		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, tailFile(filepath.Join(dir, "console.log"), 20))
+	}
+	cu.release()
+	return b, nil
+}
+
+// makeMountPoints creates the targets of the box's bind mounts in the
+// merged rootfs (so they land in the upper layer), without following any
+// symlink out of it.
+func makeMountPoints(rootfs string) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	if err := root.MkdirAll(strings.TrimPrefix(RunDir, "/"), 0o755); err != nil {
+		return err
+	}
+	agent := strings.TrimPrefix(AgentPath, "/")
+	if err := root.MkdirAll(filepath.Dir(agent), 0o755); err != nil {
+		return err
+	}
+	f, err := root.OpenFile(agent, os.O_CREATE|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// command returns the runtime invoked with its global flags and args.
+func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
+	global := []string{"--root", d.runtimeRoot()}
+	if d.isRunsc() {
+		// --host-uds=create lets the agent's socket, created inside the
+		// sandbox on the bind mount, be a real host socket the daemon can
+		// connect to. --network=none: loopback only, for now.
+		global = append(global, "--host-uds=create", "--network=none")
+	}
+	global = append(global, d.cfg.RuntimeArgs...)
+	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, append(global, args...)...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// output runs the runtime and returns its stdout; errors carry its stderr.
+func (d *Driver) output(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := d.command(ctx, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("%s %s: %w: %s", d.cfg.Runtime, strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// containerState is the part of `runtime state` / `runtime list` we use.
+type containerState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+// state returns the runtime's view of container id.
+func (d *Driver) state(ctx context.Context, id string) (containerState, error) {
+	out, err := d.output(ctx, "state", id)
+	if err != nil {
+		return containerState{}, err
+	}
+	var cs containerState
+	if err := json.Unmarshal(jsonPart(out, '{'), &cs); err != nil {
+		return containerState{}, fmt.Errorf("%s state %s: %w", d.cfg.Runtime, id, err)
+	}
+	return cs, nil
+}
+
+// list returns the containers in the runtime root.
+func (d *Driver) list(ctx context.Context) ([]containerState, error) {
+	if _, err := os.Stat(d.runtimeRoot()); errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	out, err := d.output(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, err
+	}
+	var cs []containerState
+	if p := jsonPart(out, '['); len(p) > 0 && string(p) != "null" {
+		if err := json.Unmarshal(p, &cs); err != nil {
+			return nil, fmt.Errorf("%s list: %w", d.cfg.Runtime, err)
+		}
+	}
+	return cs, nil
+}
+
+// jsonPart skips any log lines a runtime prints before its JSON.
+func jsonPart(out []byte, open byte) []byte {
+	s := strings.TrimSpace(string(out))
+	if i := strings.IndexByte(s, open); i > 0 {
+		s = s[i:]
+	}
+	return []byte(s)
+}
+
+// deleteContainer kills and deletes container id. A container the runtime
+// does not know is not an error.
+func (d *Driver) deleteContainer(ctx context.Context, id string) error {
+	if _, err := os.Stat(filepath.Join(d.runtimeRoot(), id)); errors.Is(err, os.ErrNotExist) && !d.isRunsc() {
+		return nil
+	}
+	d.output(ctx, "kill", id, "KILL") // best effort: delete --force kills too
+	_, err := d.output(ctx, "delete", "--force", id)
+	if err != nil && isNotExist(err) {
+		return nil
+	}
+	return err
+}
+
+func isNotExist(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "not exist") || strings.Contains(s, "not found")
+}
+
+func readPid(path string) (int, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("read pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("bad pid file %s: %q", path, data)
+	}
+	return pid, nil
+}
+
+// tailFile returns the last n lines of path, for error messages.
+func tailFile(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > 64<<10 {
+		f.Seek(fi.Size()-64<<10, io.SeekStart)
+	}
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if len(lines) > n {
+			lines = lines[1:]
+		}
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return filepath.Base(path) + ":\n" + strings.Join(lines, "\n")
+}
+
+// dialAgent connects to the agent socket in dir.
+func dialAgent(ctx context.Context, dir string) (net.Conn, error) {
+	var dl net.Dialer
+	return dl.DialContext(ctx, "unix", filepath.Join(dir, "run", "agent.sock"))
+}

@@ -1,0 +1,115 @@
+package oci
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// mountOverlay mounts an overlay of lower (read-only) and upper at merged.
+func mountOverlay(lower, upper, work, merged string) error {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if strings.ContainsAny(lower+upper+work, ",:") {
+		return fmt.Errorf("overlay paths may not contain ',' or ':': %s", opts)
+	}
+	if err := unix.Mount("overlay", merged, "overlay", unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay on %s (%s): %w", merged, opts, err)
+	}
+	return nil
+}
+
+// MountsUnder returns the mount points at or below dir, deepest first, read
+// from /proc/self/mountinfo. Tests use it to check for leaks.
+func MountsUnder(dir string) ([]string, error) {
+	dir = filepath.Clean(dir)
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, sc.Err()
+}
+
+// unescapeMount undoes the octal escapes (\040 etc.) of mountinfo paths.
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// unmount unmounts mp, retrying while it is busy (a runtime process may
+// still be exiting) and detaching it lazily as a last resort.
+func unmount(mp string) error {
+	var err error
+	for i := 0; i < 20; i++ {
+		err = unix.Unmount(mp, 0)
+		if err == nil || errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if derr := unix.Unmount(mp, unix.MNT_DETACH); derr == nil {
+		return nil
+	}
+	return fmt.Errorf("unmount %s: %w", mp, err)
+}
+
+// removeBoxDir unmounts everything under dir and removes it. It refuses to
+// remove anything while a mount remains, so RemoveAll never reaches through
+// a mount into the shared image or a host directory.
+func removeBoxDir(dir string) error {
+	mps, err := MountsUnder(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, mp := range mps {
+		if err := unmount(mp); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	if mps, _ := MountsUnder(dir); len(mps) > 0 {
+		return fmt.Errorf("mounts remain under %s: %v", dir, mps)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,69 @@
+// Command testagent stands in for cubicle-agent in the oci driver's tests: it
+// serves plain HTTP on the unix socket given by --listen so the tests can
+// check the socket path, the environment and the mounts of a box.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"time"
+)
+
+func main() {
+	listen := flag.String("listen", "", "unix socket path")
+	flag.String("session", "", "session config (ignored)")
+	flag.Parse()
+	if os.Getenv("TESTAGENT_EXIT") != "" {
+		fmt.Fprintln(os.Stderr, "testagent: exiting as asked")
+		os.Exit(3)
+	}
+	os.Remove(*listen)
+	l, err := net.Listen("unix", *listen)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "testagent:", err)
+		os.Exit(1)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "ok %s", os.Getenv("CUBICLE_AGENT_TOKEN"))
+	})
+	mux.HandleFunc("/env", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, os.Getenv(r.URL.Query().Get("k")))
+	})
+	mux.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {
+		data, err := os.ReadFile(r.URL.Query().Get("p"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		w.Write(data)
+	})
+	mux.HandleFunc("/write", func(w http.ResponseWriter, r *http.Request) {
+		if err := os.WriteFile(r.URL.Query().Get("p"), []byte("written"), 0o644); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		}
+	})
+	mux.HandleFunc("/exec", func(w http.ResponseWriter, r *http.Request) {
+		script, _ := io.ReadAll(r.Body)
+		out, err := exec.Command("/bin/sh", "-c", string(script)).CombinedOutput()
+		if err != nil {
+			w.WriteHeader(http.StatusInternalServerError)
+			fmt.Fprintf(w, "%v\n", err)
+		}
+		w.Write(out)
+	})
+	mux.HandleFunc("/hostname", func(w http.ResponseWriter, r *http.Request) {
+		h, _ := os.Hostname()
+		fmt.Fprint(w, h)
+	})
+	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "bye")
+		go func() { time.Sleep(100 * time.Millisecond); os.Exit(0) }()
+	})
+	http.Serve(l, mux)
+}

@@ -1,0 +1,340 @@
+package image
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"testing/fstest"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/images"
+	"github.com/cubicle-dev/cubicle/internal/needs"
+)
+
+func TestValidateName(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"desktop", true},
+		{"desktop-2.1_x", true},
+		{"0", true},
+		{"", false},
+		{".hidden", false},
+		{"-x", false},
+		{"Desktop", false},
+		{"a/b", false},
+		{"..", false},
+		{"a b", false},
+		{strings.Repeat("a", 65), false},
+	} {
+		err := ValidateName(tc.name)
+		if (err == nil) != tc.ok {
+			t.Errorf("ValidateName(%q) = %v, want ok=%v", tc.name, err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidName) {
+			t.Errorf("ValidateName(%q) = %v, want ErrInvalidName", tc.name, err)
+		}
+	}
+}
+
+func TestLoadDesktopRecipe(t *testing.T) {
+	r, err := LoadRecipe(images.Desktop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Suite != "bookworm" || r.Variant != "minbase" {
+		t.Errorf("suite/variant = %s/%s", r.Suite, r.Variant)
+	}
+	if got := r.Modes["/usr/local/bin/cubicle-browser"]; got != "0755" {
+		t.Errorf("cubicle-browser mode = %q, want 0755", got)
+	}
+	for _, p := range []string{"files/etc/cubicle/session.json", "files/usr/local/bin/cubicle-browser", "files/etc/chromium/policies/managed/cubicle.json"} {
+		if _, err := images.Desktop().Open(p); err != nil {
+			t.Errorf("recipe lacks %s: %v", p, err)
+		}
+	}
+}
+
+func TestLoadRecipeRejects(t *testing.T) {
+	for name, js := range map[string]string{
+		"package injection": `{"suite":"bookworm","packages":["vim; rm -rf /"]}`,
+		"bad suite":         `{"suite":"../x"}`,
+		"bad mirror":        `{"suite":"bookworm","mirror":"ftp://x y"}`,
+		"relative dir":      `{"suite":"bookworm","dirs":[{"path":"etc/x"}]}`,
+		"unknown owner":     `{"suite":"bookworm","dirs":[{"path":"/x","owner":"bob"}]}`,
+		"bad mode":          `{"suite":"bookworm","modes":{"/x":"999"}}`,
+		"root uid":          `{"suite":"bookworm","users":[{"name":"u","uid":0,"gid":1,"home":"/home/u"}]}`,
+	} {
+		fsys := fstest.MapFS{"recipe.json": {Data: []byte(js)}}
+		if _, err := LoadRecipe(fsys); err == nil {
+			t.Errorf("%s: LoadRecipe accepted %s", name, js)
+		}
+	}
+}
+
+func TestRecipeHash(t *testing.T) {
+	a := fstest.MapFS{"recipe.json": {Data: []byte(`{}`)}, "files/etc/x": {Data: []byte("1")}}
+	b := fstest.MapFS{"recipe.json": {Data: []byte(`{}`)}, "files/etc/x": {Data: []byte("2")}}
+	c := fstest.MapFS{"recipe.json": {Data: []byte(`{}`)}, "files/etc/y": {Data: []byte("1")}}
+	ha, _ := RecipeHash(a)
+	ha2, _ := RecipeHash(a)
+	hb, _ := RecipeHash(b)
+	hc, _ := RecipeHash(c)
+	if ha != ha2 || len(ha) != 64 {
+		t.Fatalf("hash not stable: %s %s", ha, ha2)
+	}
+	if ha == hb || ha == hc || hb == hc {
+		t.Errorf("hashes collide: %s %s %s", ha, hb, hc)
+	}
+	if h, err := RecipeHash(images.Desktop()); err != nil || len(h) != 64 {
+		t.Errorf("desktop hash = %q, %v", h, err)
+	}
+}
+
+type entry struct {
+	name, link, body string
+	typ              byte
+	mode             int64
+}
+
+func makeTar(t *testing.T, ents []entry) *bytes.Buffer {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range ents {
+		mode := e.mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		h := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: mode,
+			Size: int64(len(e.body)), Uid: os.Getuid(), Gid: os.Getgid()}
+		if e.typ != tar.TypeReg {
+			h.Size = 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		if e.typ == tar.TypeReg {
+			tw.Write([]byte(e.body))
+		}
+	}
+	tw.Close()
+	return &buf
+}
+
+func TestImport(t *testing.T) {
+	dir := t.TempDir()
+	outside := filepath.Join(dir, "outside")
+	os.Mkdir(outside, 0o755)
+	tarball := makeTar(t, []entry{
+		{name: "./", typ: tar.TypeDir, mode: 0o755},
+		{name: "usr/bin/", typ: tar.TypeDir, mode: 0o755},
+		{name: "bin", typ: tar.TypeSymlink, link: "usr/bin"},
+		{name: "usr/bin/sh", typ: tar.TypeReg, body: "#!sh", mode: 0o4755},
+		{name: "usr/bin/sh2", typ: tar.TypeLink, link: "usr/bin/sh"},
+		{name: "etc/abs", typ: tar.TypeSymlink, link: outside},
+		{name: "/etc/hosts", typ: tar.TypeReg, body: "hosts"},
+		{name: "dev/null", typ: tar.TypeChar},
+	})
+	img, err := Import(context.Background(), "imp", tarball, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Source != "import" || !strings.HasPrefix(img.RootFS, filepath.Join(dir, storeDir, "imp@")) || img.SizeBytes < 4+5 {
+		t.Errorf("image = %+v", img)
+	}
+	fi, err := os.Stat(filepath.Join(img.RootFS, "usr/bin/sh"))
+	if err != nil || fi.Mode()&os.ModeSetuid == 0 || fi.Mode().Perm() != 0o755 {
+		t.Errorf("sh mode = %v, %v; want setuid 0755", fi, err)
+	}
+	if l, _ := os.Readlink(filepath.Join(img.RootFS, "etc/abs")); l != outside {
+		t.Errorf("etc/abs -> %q, want %q stored verbatim", l, outside)
+	}
+	if b, _ := os.ReadFile(filepath.Join(img.RootFS, "etc/hosts")); string(b) != "hosts" {
+		t.Errorf("etc/hosts = %q", b)
+	}
+	if _, err := os.Lstat(filepath.Join(img.RootFS, "dev/null")); err == nil {
+		t.Errorf("device node was created")
+	}
+	got, err := List(dir)
+	if err != nil || len(got) != 1 || got[0].Name != "imp" {
+		t.Errorf("List = %+v, %v", got, err)
+	}
+}
+
+func TestImportHostile(t *testing.T) {
+	for name, ents := range map[string][]entry{
+		"dotdot":          {{name: "../evil", typ: tar.TypeReg, body: "x"}},
+		"nested dotdot":   {{name: "a/../../evil", typ: tar.TypeReg, body: "x"}},
+		"hardlink escape": {{name: "pw", typ: tar.TypeLink, link: "../outside/secret"}},
+		"through abs symlink": {
+			{name: "esc", typ: tar.TypeSymlink, link: "OUTSIDE"},
+			{name: "esc/evil", typ: tar.TypeReg, body: "x"},
+		},
+		"through rel symlink": {
+			{name: "esc", typ: tar.TypeSymlink, link: "../../../../../../../../OUTSIDE"},
+			{name: "esc/evil", typ: tar.TypeReg, body: "x"},
+		},
+		"symlink then hardlink": {
+			{name: "esc", typ: tar.TypeSymlink, link: "OUTSIDE/secret"},
+			{name: "h", typ: tar.TypeLink, link: "esc"},
+			{name: "h", typ: tar.TypeReg, body: "x"},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			outside := filepath.Join(t.TempDir(), "outside")
+			os.Mkdir(outside, 0o755)
+			os.WriteFile(filepath.Join(outside, "secret"), []byte("secret"), 0o600)
+			for i := range ents {
+				ents[i].link = strings.ReplaceAll(ents[i].link, "OUTSIDE", outside)
+			}
+			_, err := Import(context.Background(), "bad", makeTar(t, ents), dir)
+			if _, serr := os.Stat(filepath.Join(outside, "evil")); serr == nil {
+				t.Fatalf("import wrote outside its root (err %v)", err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(outside, "secret")); string(b) != "secret" {
+				t.Fatalf("import changed a file outside its root: %q", b)
+			}
+			if _, serr := os.Stat(filepath.Join(dir, "..", "evil")); serr == nil {
+				t.Fatal("import wrote next to the image dir")
+			}
+			if err == nil {
+				// Some of these may legally succeed (the write stays inside);
+				// then the image must exist and be complete.
+				if _, lerr := Lookup(dir, "bad"); lerr != nil {
+					t.Fatalf("import succeeded but Lookup: %v", lerr)
+				}
+				return
+			}
+			assertNoWork(t, dir)
+		})
+	}
+}
+
+// assertNoWork checks that dir holds no image and no work directory.
+func assertNoWork(t *testing.T, dir string) {
+	t.Helper()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".lock-") && e.Name() != storeDir {
+			t.Errorf("left behind: %s", e.Name())
+		}
+	}
+	ents, _ = os.ReadDir(filepath.Join(dir, storeDir))
+	for _, e := range ents {
+		t.Errorf("left behind: %s/%s", storeDir, e.Name())
+	}
+}
+
+func TestImportFailureLeavesOldImage(t *testing.T) {
+	dir := t.TempDir()
+	good := makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "1"}})
+	if _, err := Import(context.Background(), "x", good, dir); err != nil {
+		t.Fatal(err)
+	}
+	bad := makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "2"}, {name: "../e", typ: tar.TypeReg}})
+	if _, err := Import(context.Background(), "x", bad, dir); err == nil {
+		t.Fatal("hostile import succeeded")
+	}
+	img, err := Lookup(dir, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(img.RootFS, "v")); string(b) != "1" {
+		t.Errorf("old image changed: v = %q", b)
+	}
+	// A good re-import replaces it atomically and leaves no old copy.
+	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "3"}}), dir); err != nil {
+		t.Fatal(err)
+	}
+	img2, err := Lookup(dir, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(img2.RootFS, "v")); string(b) != "3" {
+		t.Errorf("after replace: v = %q, want 3", b)
+	}
+	if _, err := os.Stat(img.Dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("unused old version %s not deleted: %v", img.Dir, err)
+	}
+	if err := Remove(dir, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Lookup(dir, "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Lookup after Remove = %v, want ErrNotFound", err)
+	}
+	if err := Remove(dir, "x"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second Remove = %v, want ErrNotFound", err)
+	}
+	assertNoWork(t, dir)
+}
+
+func TestImportCancelled(t *testing.T) {
+	dir := t.TempDir()
+	var ents []entry
+	for i := 0; i < 600; i++ {
+		ents = append(ents, entry{name: "f" + strings.Repeat("x", i%50) + string(rune('a'+i%26)), typ: tar.TypeReg, body: "x"})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Import(ctx, "c", makeTar(t, ents), dir); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Import = %v, want context.Canceled", err)
+	}
+	assertNoWork(t, dir)
+}
+
+func TestReplaceKeepsMountedVersion(t *testing.T) {
+	needs.Root(t)
+	dir := t.TempDir()
+	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "1"}}), dir); err != nil {
+		t.Fatal(err)
+	}
+	old, err := Lookup(dir, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Use the version as a sandbox would: as an overlay lower layer.
+	w := t.TempDir()
+	for _, d := range []string{"upper", "work", "merged"} {
+		os.Mkdir(filepath.Join(w, d), 0o755)
+	}
+	merged := filepath.Join(w, "merged")
+	opts := "lowerdir=" + old.RootFS + ",upperdir=" + filepath.Join(w, "upper") + ",workdir=" + filepath.Join(w, "work")
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(merged, unix.MNT_DETACH)
+	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "2"}}), dir); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(merged, "v")); string(b) != "1" {
+		t.Errorf("running sandbox sees v = %q, want its old version 1", b)
+	}
+	if err := Remove(dir, "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(old.RootFS); err != nil {
+		t.Errorf("mounted version was deleted: %v", err)
+	}
+	if err := unix.Unmount(merged, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := GC(dir); err != nil {
+		t.Fatal(err)
+	}
+	assertNoWork(t, dir)
+}
+
+func TestUnescapeMount(t *testing.T) {
+	if got := unescapeMount(`/a\040b\011c`); got != "/a b\tc" {
+		t.Errorf("got %q", got)
+	}
+}

@@ -1,0 +1,199 @@
+package image
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+// recipeFormat is mixed into every recipe hash; bump it when Build changes
+// what it produces from the same recipe, so cached images are rebuilt.
+const recipeFormat = "cubicle-recipe-v1"
+
+// Recipe is the parsed recipe.json of an image recipe directory. Files to add
+// to the rootfs live next to it under files/, mirroring their rootfs paths.
+type Recipe struct {
+	Comment    string   `json:"comment,omitempty"`
+	Suite      string   `json:"suite"`      // Debian suite, e.g. "bookworm"
+	Variant    string   `json:"variant"`    // debootstrap variant, e.g. "minbase"
+	Mirror     string   `json:"mirror"`     // e.g. "http://deb.debian.org/debian"
+	Components []string `json:"components"` // e.g. ["main"]
+	// Security is the security archive; empty means
+	// http://deb.debian.org/debian-security. "none" disables it.
+	Security string   `json:"security,omitempty"`
+	Packages []string `json:"packages"`
+	Users    []User   `json:"users,omitempty"`
+	Dirs     []Dir    `json:"dirs,omitempty"`
+	// Modes maps absolute rootfs paths of files under files/ to octal modes
+	// ("0755"); other files get 0644 (embedded files carry no modes).
+	Modes map[string]string `json:"modes,omitempty"`
+}
+
+// User is an account the recipe adds to the image.
+type User struct {
+	Name  string `json:"name"`
+	UID   int    `json:"uid"`
+	GID   int    `json:"gid"`
+	Home  string `json:"home"`
+	Shell string `json:"shell,omitempty"`
+}
+
+// Dir is a directory the recipe creates in the image.
+type Dir struct {
+	Path  string `json:"path"`
+	Mode  string `json:"mode,omitempty"`  // octal, default 0755
+	Owner string `json:"owner,omitempty"` // a recipe user, default root
+}
+
+var (
+	wordRE = regexp.MustCompile(`^[a-z0-9][a-z0-9.+_-]*$`) // suites, variants, packages, users
+	urlRE  = regexp.MustCompile(`^https?://[A-Za-z0-9.:/_~+-]+$`)
+)
+
+// LoadRecipe reads and validates recipe.json from recipeFS.
+func LoadRecipe(recipeFS fs.FS) (*Recipe, error) {
+	data, err := fs.ReadFile(recipeFS, "recipe.json")
+	if err != nil {
+		return nil, fmt.Errorf("read recipe: %w", err)
+	}
+	var r Recipe
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("parse recipe.json: %w", err)
+	}
+	if r.Variant == "" {
+		r.Variant = "minbase"
+	}
+	if r.Mirror == "" {
+		r.Mirror = "http://deb.debian.org/debian"
+	}
+	if len(r.Components) == 0 {
+		r.Components = []string{"main"}
+	}
+	if r.Security == "" {
+		r.Security = "http://deb.debian.org/debian-security"
+	}
+	if err := r.validate(); err != nil {
+		return nil, fmt.Errorf("recipe.json: %w", err)
+	}
+	return &r, nil
+}
+
+// validate rejects anything that would not be safe to put on a command line
+// or in a shell script.
+func (r *Recipe) validate() error {
+	if !wordRE.MatchString(r.Suite) {
+		return fmt.Errorf("bad suite %q", r.Suite)
+	}
+	if !wordRE.MatchString(r.Variant) {
+		return fmt.Errorf("bad variant %q", r.Variant)
+	}
+	if !urlRE.MatchString(r.Mirror) {
+		return fmt.Errorf("bad mirror %q", r.Mirror)
+	}
+	if r.Security != "none" && !urlRE.MatchString(r.Security) {
+		return fmt.Errorf("bad security mirror %q", r.Security)
+	}
+	for _, c := range r.Components {
+		if !wordRE.MatchString(c) {
+			return fmt.Errorf("bad component %q", c)
+		}
+	}
+	for _, p := range r.Packages {
+		if !wordRE.MatchString(p) {
+			return fmt.Errorf("bad package name %q", p)
+		}
+	}
+	users := map[string]bool{"root": true}
+	for _, u := range r.Users {
+		if !wordRE.MatchString(u.Name) || u.UID <= 0 || u.GID <= 0 || !cleanAbs(u.Home) {
+			return fmt.Errorf("bad user %+v", u)
+		}
+		if u.Shell != "" && !cleanAbs(u.Shell) {
+			return fmt.Errorf("bad shell %q for user %s", u.Shell, u.Name)
+		}
+		users[u.Name] = true
+	}
+	for _, d := range r.Dirs {
+		if !cleanAbs(d.Path) {
+			return fmt.Errorf("bad dir path %q", d.Path)
+		}
+		if _, err := parseMode(d.Mode, 0o755); err != nil {
+			return fmt.Errorf("dir %s: %w", d.Path, err)
+		}
+		if d.Owner != "" && !users[d.Owner] {
+			return fmt.Errorf("dir %s: owner %q is not a recipe user", d.Path, d.Owner)
+		}
+	}
+	for p, m := range r.Modes {
+		if !cleanAbs(p) {
+			return fmt.Errorf("bad path %q in modes", p)
+		}
+		if _, err := parseMode(m, 0o644); err != nil {
+			return fmt.Errorf("mode of %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// cleanAbs reports whether p is an absolute, clean path other than "/".
+func cleanAbs(p string) bool {
+	return strings.HasPrefix(p, "/") && p != "/" && path.Clean(p) == p
+}
+
+func parseMode(s string, def fs.FileMode) (fs.FileMode, error) {
+	if s == "" {
+		return def, nil
+	}
+	m, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || m > 0o7777 {
+		return 0, fmt.Errorf("bad octal mode %q", s)
+	}
+	mode := fs.FileMode(m & 0o777)
+	if m&0o4000 != 0 {
+		mode |= fs.ModeSetuid
+	}
+	if m&0o2000 != 0 {
+		mode |= fs.ModeSetgid
+	}
+	if m&0o1000 != 0 {
+		mode |= fs.ModeSticky
+	}
+	return mode, nil
+}
+
+// RecipeHash returns a hex SHA-256 over every file of recipeFS (paths and
+// contents, in lexical order) and the recipe format version. Images are
+// cached by it.
+func RecipeHash(recipeFS fs.FS) (string, error) {
+	h := sha256.New()
+	h.Write([]byte(recipeFormat + "\x00"))
+	err := fs.WalkDir(recipeFS, ".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			return nil
+		}
+		data, err := fs.ReadFile(recipeFS, p)
+		if err != nil {
+			return err
+		}
+		h.Write([]byte(p + "\x00"))
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(data)))
+		h.Write(n[:])
+		h.Write(data)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("hash recipe: %w", err)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

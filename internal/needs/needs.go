@@ -1,0 +1,113 @@
+// Package needs holds test gates: helpers that skip a test whose
+// preconditions (root, a command, Xvfb, a container runtime, a built image)
+// are missing on this host, with a reason saying what is missing.
+//
+// When the environment variable CUBICLE_REQUIRE_E2E is "1" every gate fails
+// the test instead of skipping it, so a CI machine that is meant to run the
+// whole suite can never pass by silently skipping. Only tests import this
+// package.
+package needs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// RequireEnv is the environment variable that turns every skip into a
+// failure when set to "1".
+const RequireEnv = "CUBICLE_REQUIRE_E2E"
+
+// Required reports whether gates must fail instead of skip
+// (CUBICLE_REQUIRE_E2E=1).
+func Required() bool { return os.Getenv(RequireEnv) == "1" }
+
+// Skip skips t with the formatted reason, or fails it when Required.
+func Skip(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if Required() {
+		t.Fatalf("%s (%s=1 forbids skipping)", msg, RequireEnv)
+	}
+	t.Skip(msg)
+}
+
+// Root gates t on running as root.
+func Root(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Skip(t, "needs root (euid %d)", os.Geteuid())
+	}
+}
+
+// Command gates t on every named program being on PATH.
+func Command(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			Skip(t, "needs command %q on PATH: %v", n, err)
+		}
+	}
+}
+
+// Xvfb gates t on the Xvfb X server being installed.
+func Xvfb(t testing.TB) {
+	t.Helper()
+	Command(t, "Xvfb")
+}
+
+// Runtime gates t on an OCI runtime ("runsc" or "runc") being installed,
+// answering "--version", and the test running as root (both runtimes need
+// root to start containers).
+func Runtime(t testing.TB, name string) {
+	t.Helper()
+	Root(t)
+	path, err := exec.LookPath(name)
+	if err != nil {
+		Skip(t, "needs OCI runtime %q on PATH: %v", name, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput(); err != nil {
+		Skip(t, "OCI runtime %s does not run: %v: %s", path, err, out)
+	}
+}
+
+// Image gates t on dir being a built image rootfs (a directory holding
+// /bin and /etc). dir may be a rootfs itself or an image directory with a
+// rootfs/ subdirectory; the rootfs path is returned.
+func Image(t testing.TB, dir string) string {
+	t.Helper()
+	if dir == "" {
+		Skip(t, "needs a built image: no image directory given")
+		return ""
+	}
+	for _, root := range []string{filepath.Join(dir, "rootfs"), dir} {
+		if isDir(filepath.Join(root, "etc")) && isDir(filepath.Join(root, "bin")) {
+			return root
+		}
+	}
+	Skip(t, "needs a built image at %s (build it with `cubicle image build desktop`)", dir)
+	return ""
+}
+
+// Env gates t on the environment variable name being non-empty and returns
+// its value.
+func Env(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		Skip(t, "needs environment variable %s", name)
+	}
+	return v
+}
+
+func isDir(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
