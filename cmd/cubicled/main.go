@@ -27,6 +27,9 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
+// The manager is what the API drives.
+var _ api.Manager = (*sandbox.Manager)(nil)
+
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
