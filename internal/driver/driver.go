@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"net/netip"
 )
 
 // Isolation kinds reported to users for each sandbox.
@@ -42,6 +43,14 @@ type Driver interface {
 	Cleanup(ctx context.Context, keep map[string]bool) error
 }
 
+// Accelerator is implemented by VM backends that can run with or without
+// hardware acceleration; "auto" backend choice skips a driver whose
+// Accelerated reports false (QEMU under TCG is correct but far too slow to be
+// anyone's default).
+type Accelerator interface {
+	Accelerated(ctx context.Context) bool
+}
+
 // Spec says what box to start.
 type Spec struct {
 	ID        string            // sandbox ID, [a-z0-9]
@@ -55,6 +64,21 @@ type Spec struct {
 	Height    int
 	DPI       int
 	StartURL  string
+	Net       *Net // nil: no network at all (loopback only)
+}
+
+// Net is a sandbox's network attachment, prepared by the manager (via
+// internal/netpool) before Create and released after Stop. OCI boxes join
+// Netns, where the guest side of a veth already carries Addr; VMs attach
+// TAP (created in Netns, or in the host namespace when Netns is "") and are
+// told Addr, Gateway and DNS on the kernel command line.
+type Net struct {
+	Netns   string       // path of the network namespace to join, e.g. /run/netns/cubicle-ID
+	TAP     string       // TAP device for VMs ("" for OCI boxes)
+	MAC     string       // guest MAC address
+	Addr    netip.Prefix // guest address and prefix length
+	Gateway netip.Addr
+	DNS     []netip.Addr
 }
 
 // State is the opaque, versioned handle a driver needs to Adopt a box again.

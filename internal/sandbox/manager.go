@@ -269,6 +269,10 @@ func (m *Manager) resolveBackend(ctx context.Context, name string) (driver.Drive
 				reasons = append(reasons, n+": "+err.Error())
 				continue
 			}
+			if a, ok := d.(driver.Accelerator); ok && !a.Accelerated(ctx) {
+				reasons = append(reasons, n+": no hardware acceleration")
+				continue
+			}
 			return d, nil
 		}
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no backend is available: %s", strings.Join(reasons, "; "))

@@ -65,6 +65,7 @@ func benchDesktop(b *testing.B) *Desktop {
 	d, display := openDesktop(b)
 	c := newClient(b, display, 0, 0, 1024, 768, "bench")
 	paintDesktop(b, c, 1024, 768)
+	b.Logf("capabilities %v", d.Capabilities())
 	return d
 }
 
