@@ -53,7 +53,14 @@ func startDaemon(t *testing.T, backend string) (*harness.Daemon, *client.Client)
 	if err != nil {
 		t.Fatal(err)
 	}
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute))
 	t.Cleanup(func() {
+		// Leave nothing running on the machine, whatever the test did.
+		if sbs, err := c.List(context.Background(), client.ListOptions{}); err == nil {
+			for _, sb := range sbs {
+				c.Destroy(context.Background(), sb.ID)
+			}
+		}
 		d.Stop()
 		if t.Failed() {
 			log, _ := os.ReadFile(d.Log)
@@ -61,7 +68,7 @@ func startDaemon(t *testing.T, backend string) (*harness.Daemon, *client.Client)
 		}
 		os.RemoveAll(dataDir)
 	})
-	return d, client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute))
+	return d, c
 }
 
 func tail(s string, n int) string {
@@ -288,7 +295,11 @@ func TestRestart(t *testing.T) {
 	}
 	live, dead := ids[0], ids[1]
 	d.Kill9()
-	for _, pid := range harness.HostProcesses(dead) {
+	pids := harness.HostProcesses(dead)
+	if len(pids) == 0 {
+		t.Fatalf("no host process of sandbox %s found to kill", dead)
+	}
+	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
 	if err := d.Restart(ctx); err != nil {
