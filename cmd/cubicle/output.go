@@ -77,8 +77,12 @@ func printSandboxTable(w io.Writer, sbs []client.Sandbox) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tBACKEND\tRESOLUTION\tAGE\tEXPIRES IN")
 	for _, s := range sbs {
+		exp := "-" // an ended sandbox no longer expires
+		if s.State == "starting" || s.State == "running" {
+			exp = expiresIn(s.ExpiresAt)
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, orDash(s.State), orDash(s.Backend),
-			resolution(s.Resolution), age(s.CreatedAt), expiresIn(s.ExpiresAt))
+			resolution(s.Resolution), age(s.CreatedAt), exp)
 	}
 	_ = tw.Flush()
 }
