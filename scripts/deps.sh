@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   runsc runc            # the gvisor and runc backends
+  qemu-system-x86 qemu-utils  # the qemu backend (qemu-img makes the per-VM overlays)
   debootstrap           # building the desktop image
   xvfb xdotool x11-utils openbox  # the agent's X11 integration tests
   e2fsprogs iproute2 ca-certificates curl

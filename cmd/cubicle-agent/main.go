@@ -7,6 +7,9 @@
 // CUBICLE_AGENT_TOKEN, which the agent removes from its environment at
 // start; every other variable is the sandbox's default environment for
 // processes.
+//
+// Started as /init (PID 1) of a VM's initramfs, it is the VM's init instead:
+// see internal/agent/vminit and vm.go.
 package main
 
 import (
@@ -26,12 +29,18 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent/desktop"
 	"github.com/cubicle-dev/cubicle/internal/agent/reap"
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
+	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	if vminit.IsInit() {
+		// The kernel passes its unknown parameters as arguments: no flags.
+		runVM()
+		return
+	}
 	listen := flag.String("listen", "/run/cubicle/agent.sock", "unix socket to serve on")
 	listenTCP := flag.String("listen-tcp", "", "also serve on this TCP address (e.g. :49983)")
 	sessionPath := flag.String("session", session.DefaultPath, "desktop session config; empty or missing file means no desktop")
@@ -45,13 +54,15 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	slog.SetDefault(log)
-	if err := run(log, *listen, *listenTCP, *sessionPath, *defaultUser, *insecure); err != nil {
+	if err := run(log, *listen, *listenTCP, *sessionPath, *defaultUser, *insecure, nil); err != nil {
 		log.Error("cubicle-agent", "err", err)
 		os.Exit(1)
 	}
 }
 
-func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, insecure bool) error {
+// run serves the agent on a unix socket at listen (unless ""), on
+// listenTCP (unless "") and on extra, until SIGTERM or SIGINT.
+func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, insecure bool, extra []net.Listener) error {
 	token := agent.TokenFromEnv() // before anything can inherit the environment
 	env := os.Environ()
 
@@ -86,12 +97,14 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, i
 		return err
 	}
 
-	lns := []net.Listener{}
-	ln, err := agent.ListenUnix(listen)
-	if err != nil {
-		return err
+	lns := extra
+	if listen != "" {
+		ln, err := agent.ListenUnix(listen)
+		if err != nil {
+			return err
+		}
+		lns = append(lns, ln)
 	}
-	lns = append(lns, ln)
 	if listenTCP != "" {
 		tl, err := net.Listen("tcp", listenTCP)
 		if err != nil {

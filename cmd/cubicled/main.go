@@ -21,6 +21,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/oci"
+	"github.com/cubicle-dev/cubicle/internal/driver/qemu"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
@@ -72,11 +73,12 @@ func run() error {
 		listen         = flag.String("listen", envOr("CUBICLE_LISTEN", "127.0.0.1:7171"), "address to serve the API on (CUBICLE_LISTEN)")
 		dataDir        = flag.String("data-dir", envOr("CUBICLE_DATA_DIR", "/var/lib/cubicle"), "store and per-sandbox state (CUBICLE_DATA_DIR)")
 		imageDir       = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images (CUBICLE_IMAGE_DIR)")
-		defaultBackend = flag.String("default-backend", envOr("CUBICLE_DEFAULT_BACKEND", "auto"), "auto, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
+		defaultBackend = flag.String("default-backend", envOr("CUBICLE_DEFAULT_BACKEND", "auto"), "auto, qemu, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
 		maxSandboxes   = flag.Int("max-sandboxes", envInt("CUBICLE_MAX_SANDBOXES", 16), "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
 		idleTimeout    = flag.Duration("idle-timeout", envDuration("CUBICLE_IDLE_TIMEOUT", 30*time.Minute), "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
 		maxLifetime    = flag.Duration("max-lifetime", envDuration("CUBICLE_MAX_LIFETIME", 60*time.Minute), "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
 		agentBin       = flag.String("agent-bin", envOr("CUBICLE_AGENT_BIN", filepath.Join(filepath.Dir(exe), "cubicle-agent")), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
+		readyTimeout   = flag.Duration("ready-timeout", envDuration("CUBICLE_READY_TIMEOUT", 3*time.Minute), "how long a create may take to a ready desktop (CUBICLE_READY_TIMEOUT)")
 		logLevel       = flag.String("log-level", envOr("CUBICLE_LOG_LEVEL", "info"), "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
 	)
@@ -113,6 +115,14 @@ func run() error {
 			AgentBinary: *agentBin,
 		})
 	}
+	drivers["qemu"] = qemu.New(qemu.Config{
+		StateDir:    filepath.Join(*dataDir, "qemu"),
+		AgentBinary: *agentBin,
+		ProbeImage: func() (string, error) {
+			img, err := image.Lookup(*imageDir, "desktop")
+			return img.RootFS, err
+		},
+	})
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -131,6 +141,7 @@ func run() error {
 		MaxSandboxes: *maxSandboxes,
 		IdleTimeout:  *idleTimeout,
 		MaxLifetime:  lifetime,
+		ReadyTimeout: *readyTimeout,
 		Metrics:      m,
 		Log:          log,
 	})

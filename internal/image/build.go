@@ -104,6 +104,12 @@ func Build(ctx context.Context, name string, recipeFS fs.FS, imageDir, cacheDir 
 		{fmt.Sprintf("install %d packages", len(r.Packages)), b.installPackages},
 		{"add files", b.addFiles},
 	}
+	if r.VM != nil {
+		steps = append(steps, struct {
+			name string
+			fn   func(context.Context) error
+		}{"vm disk and kernel", b.vmImage})
+	}
 	for _, s := range steps {
 		b.ph.begin(s.name)
 		if err := s.fn(ctx); err != nil {
@@ -179,6 +185,10 @@ func (b *builder) installPackages(ctx context.Context) error {
 	if b.r.Security != "none" {
 		fmt.Fprintf(&src, "deb %s %s-security %s\n", b.r.Security, b.r.Suite, comps)
 	}
+	var kernel string
+	if b.r.VM != nil {
+		kernel = fmt.Sprintf(kernelScript, b.r.VM.Kernel)
+	}
 	var users strings.Builder
 	for _, u := range b.r.Users {
 		shell := u.Shell
@@ -193,7 +203,7 @@ func (b *builder) installPackages(ctx context.Context) error {
 	files := map[string][]byte{
 		"etc/apt/sources.list":         src.Bytes(),
 		"usr/sbin/policy-rc.d":         []byte("#!/bin/sh\n# no services start while the image is built\nexit 101\n"),
-		"tmp/cubicle-build.sh":         fmt.Appendf(nil, installScript, strings.Join(b.r.Packages, " "), users.String()),
+		"tmp/cubicle-build.sh":         fmt.Appendf(nil, installScript, strings.Join(b.r.Packages, " "), users.String()+kernel),
 		"etc/resolv.conf":              resolv,
 		"etc/apt/apt.conf.d/99cubicle": []byte("APT::Install-Recommends \"false\";\nAPT::Install-Suggests \"false\";\n"),
 	}

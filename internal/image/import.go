@@ -28,7 +28,8 @@ import (
 // a write outside it. Symlinks are stored verbatim — absolute ones resolve
 // inside the sandbox. Device nodes and FIFOs are skipped (sandboxes get their
 // own /dev); owners, modes (setuid included), mtimes and security.capability
-// xattrs are kept. On error nothing of the new image is left.
+// xattrs are kept. Import also makes the image's VM form: an ext4 disk of
+// the rootfs and a kernel (see ImportKernelFrom). On error nothing of the new image is left.
 func Import(ctx context.Context, name string, r io.Reader, imageDir string) (Image, error) {
 	if err := ValidateName(name); err != nil {
 		return Image{}, err
@@ -56,6 +57,9 @@ func Import(ctx context.Context, name string, r io.Reader, imageDir string) (Ima
 	if err := extractTar(ctx, r, rootfs); err != nil {
 		return Image{}, fmt.Errorf("import image %s: %w", name, err)
 	}
+	if err := importVM(ctx, imageDir, tmp, ImportKernelFrom); err != nil {
+		return Image{}, fmt.Errorf("import image %s: vm disk: %w", name, err)
+	}
 	img, err := install(imageDir, tmp, Image{Name: name, Source: "import", CreatedAt: time.Now().UTC().Truncate(time.Second)})
 	if err != nil {
 		return Image{}, err
@@ -63,6 +67,14 @@ func Import(ctx context.Context, name string, r io.Reader, imageDir string) (Ima
 	done = true
 	return img, nil
 }
+
+// ImportKernelFrom names the recipe-built image whose guest kernel an
+// imported image gets when its tarball has none (boot/vmlinuz-RELEASE with
+// lib/modules/RELEASE): `docker export` output rarely carries a kernel, and
+// the host's own /boot is no good choice — it may be missing (as on cloud
+// VMs) or lack the virtio modules. Build "desktop" first to run imported
+// images on VM backends.
+var ImportKernelFrom = "desktop"
 
 // errEscape is returned for tar entries that try to leave the rootfs.
 var errEscape = errors.New("path escapes the image root")

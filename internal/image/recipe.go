@@ -31,9 +31,22 @@ type Recipe struct {
 	Packages []string `json:"packages"`
 	Users    []User   `json:"users,omitempty"`
 	Dirs     []Dir    `json:"dirs,omitempty"`
+	// VM, when set, makes Build also produce the image's VM form (an ext4
+	// disk and a guest kernel, see LookupVM) for the VM backends.
+	VM *VMRecipe `json:"vm,omitempty"`
 	// Modes maps absolute rootfs paths of files under files/ to octal modes
 	// ("0755"); other files get 0644 (embedded files carry no modes).
 	Modes map[string]string `json:"modes,omitempty"`
+}
+
+// VMRecipe says how to build an image's VM form.
+type VMRecipe struct {
+	// Kernel is the Debian package of the guest kernel, e.g.
+	// "linux-image-amd64"; it is downloaded, not installed in the rootfs.
+	Kernel string `json:"kernel"`
+	// FreeMB is the free space of the VM disk beyond the rootfs
+	// (DefaultVMFreeMB when 0). Each VM's writes go to its own overlay.
+	FreeMB int `json:"free_mb,omitempty"`
 }
 
 // User is an account the recipe adds to the image.
@@ -109,6 +122,9 @@ func (r *Recipe) validate() error {
 		if !wordRE.MatchString(p) {
 			return fmt.Errorf("bad package name %q", p)
 		}
+	}
+	if r.VM != nil && (!wordRE.MatchString(r.VM.Kernel) || r.VM.FreeMB < 0 || r.VM.FreeMB > 1<<20) {
+		return fmt.Errorf("bad vm section %+v", *r.VM)
 	}
 	users := map[string]bool{"root": true}
 	for _, u := range r.Users {

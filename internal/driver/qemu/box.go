@@ -1,0 +1,367 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
+	"github.com/cubicle-dev/cubicle/internal/driver"
+)
+
+// stateVersion is the version of the State blob this driver writes.
+const stateVersion = 1
+
+// boxData is the State.Data of a box.
+type boxData struct {
+	ID        string `json:"id"`
+	Pid       int    `json:"pid"`        // QEMU's pid
+	StartTime uint64 `json:"start_time"` // QEMU's start time (clock ticks), against pid reuse
+	Dir       string `json:"dir"`        // STATEDIR/ID
+	Image     string `json:"image"`      // image version directory (its disk.ext4 backs the overlay)
+	Initramfs string `json:"initramfs"`
+	KVM       bool   `json:"kvm"`
+}
+
+// box is one running VM. It implements driver.Box.
+type box struct {
+	d    *Driver
+	data boxData
+
+	dead     chan struct{}
+	deadOnce sync.Once
+	stop     chan struct{}
+	stopOnce sync.Once
+	watchers sync.WaitGroup
+
+	sessMu sync.Mutex
+	sess   *yamux.Session
+
+	mu      sync.Mutex // serializes Stop
+	stopped bool
+}
+
+// newBox starts watching the VM. exited, if not nil, is closed when our
+// own child QEMU has been reaped.
+func newBox(d *Driver, data boxData, exited <-chan struct{}) *box {
+	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+	b.watchers.Add(1)
+	go b.watch(exited)
+	return b
+}
+
+func (b *box) markDead() { b.deadOnce.Do(func() { close(b.dead) }) }
+
+func (b *box) stopWatch() {
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.watchers.Wait()
+}
+
+// watch closes b.dead when QEMU exits: on exited for a child of this
+// daemon, otherwise through a pidfd (a recycled pid cannot fool it).
+func (b *box) watch(exited <-chan struct{}) {
+	defer b.watchers.Done()
+	if exited != nil {
+		select {
+		case <-exited:
+			b.markDead()
+		case <-b.stop:
+		}
+		return
+	}
+	fd, err := unix.PidfdOpen(b.data.Pid, 0)
+	if err != nil {
+		for running(b.data.Pid, b.data.StartTime) {
+			select {
+			case <-b.stop:
+				return
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+		b.markDead()
+		return
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 250)
+		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+			b.markDead()
+			return
+		}
+		select {
+		case <-b.stop:
+			return
+		default:
+		}
+	}
+}
+
+// session returns the yamux client session on the agent's chardev socket,
+// connecting anew when there is none or it died (after a daemon restart, or
+// when the guest reset its end).
+func (b *box) session(ctx context.Context) (*yamux.Session, error) {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	if b.sess != nil && !b.sess.IsClosed() {
+		return b.sess, nil
+	}
+	c, err := dialUnix(ctx, filepath.Join(b.data.Dir, "agent.sock"))
+	if err != nil {
+		return nil, err
+	}
+	cfg := vminit.YamuxConfig()
+	// The host learns of a dead VM from its pid; a guest still booting
+	// must not be taken for a dead peer.
+	cfg.EnableKeepAlive = false
+	sess, err := yamux.Client(c, cfg)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	b.sess = sess
+	return sess, nil
+}
+
+// resetSession drops sess if it is still the current session.
+func (b *box) resetSession(sess *yamux.Session) {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	if b.sess == sess && sess != nil {
+		sess.Close()
+		b.sess = nil
+	}
+}
+
+// DialAgent opens a new yamux stream to the agent over the virtio-serial
+// channel.
+func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
+	select {
+	case <-b.dead:
+		return nil, fmt.Errorf("box %s: not running", b.data.ID)
+	default:
+	}
+	var lastErr error
+	for attempt := 0; attempt < 2; attempt++ {
+		sess, err := b.session(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("box %s: dial agent: %w", b.data.ID, err)
+		}
+		st, err := sess.OpenStream()
+		if err == nil {
+			return st, nil
+		}
+		lastErr = err
+		b.resetSession(sess)
+	}
+	return nil, fmt.Errorf("box %s: dial agent: %w", b.data.ID, lastErr)
+}
+
+// waitAgent waits until the agent answers GET /health over the channel, the
+// VM dies, or ctx ends. A stream opened before the guest listens is not
+// lost: its bytes wait in QEMU until the guest opens the port. When an
+// attempt times out anyway, the session is reset and tried again.
+func (b *box) waitAgent(ctx context.Context) error {
+	var last error
+	for {
+		last = b.probe(ctx, 60*time.Second)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent not ready: %w (last: %v)", ctx.Err(), last)
+		case <-b.dead:
+			return fmt.Errorf("qemu exited before the agent answered (last: %v)", last)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// probe sends one GET /health and waits for a response for up to timeout.
+func (b *box) probe(ctx context.Context, timeout time.Duration) error {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := b.DialAgent(pctx)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	done := make(chan error, 1)
+	go func() {
+		if _, err := c.Write([]byte("GET /health HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")); err != nil {
+			done <- err
+			return
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && !strings.HasPrefix(line, "HTTP/1.1 2") {
+			err = fmt.Errorf("agent health: %q", strings.TrimSpace(line))
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-b.dead:
+		return errors.New("qemu exited")
+	case <-pctx.Done():
+		c.Close()
+		b.sessMu.Lock()
+		sess := b.sess
+		b.sessMu.Unlock()
+		b.resetSession(sess)
+		return fmt.Errorf("no answer from the agent in %s", timeout)
+	}
+}
+
+// State returns the versioned handle Adopt takes.
+func (b *box) State() driver.State {
+	data, _ := json.Marshal(b.data) // plain struct: cannot fail
+	return driver.State{Version: stateVersion, Driver: b.d.Name(), Data: data}
+}
+
+// Wait returns a channel closed when QEMU has exited.
+func (b *box) Wait() <-chan struct{} { return b.dead }
+
+// Stop ends the VM and removes its directory (overlay, sockets, logs). The
+// guest is not shut down gracefully: its disk is discarded anyway, so QMP
+// "quit" ends QEMU at once, and SIGKILL follows if it does not. It is safe
+// to call more than once and after the VM died; teardown is not cut short
+// by ctx's cancellation.
+func (b *box) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	b.resetSession(b.currentSession())
+	var errs []error
+	if running(b.data.Pid, b.data.StartTime) {
+		qctx, qcancel := context.WithTimeout(ctx, 3*time.Second)
+		_ = qmpCommand(qctx, filepath.Join(b.data.Dir, "qmp.sock"), "quit")
+		qcancel()
+		select {
+		case <-b.dead:
+		case <-time.After(5 * time.Second):
+			_ = unix.Kill(b.data.Pid, unix.SIGKILL)
+		}
+		if !waitGone(b.data.Pid, b.data.StartTime, 10*time.Second) {
+			errs = append(errs, fmt.Errorf("qemu pid %d still alive after SIGKILL", b.data.Pid))
+		}
+	}
+	b.stopWatch()
+	if len(errs) == 0 {
+		if err := os.RemoveAll(b.data.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	b.markDead()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop %s: %w", b.data.ID, err)
+	}
+	b.stopped = true
+	return nil
+}
+
+func (b *box) currentSession() *yamux.Session {
+	b.sessMu.Lock()
+	defer b.sessMu.Unlock()
+	return b.sess
+}
+
+// Adopt re-attaches to a VM from its State. When QEMU is no longer running,
+// Adopt still returns a Box — with Wait already closed — so the caller can
+// Stop it to free its directory; an error means the state itself is
+// unusable (Cleanup then removes what is left). The agent channel is
+// reconnected lazily by the first DialAgent.
+func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
+	if st.Driver != d.Name() {
+		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
+	}
+	if st.Version != stateVersion {
+		return nil, fmt.Errorf("adopt: unknown state version %d", st.Version)
+	}
+	var data boxData
+	if err := json.Unmarshal(st.Data, &data); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
+	}
+	if err := validID(data.ID); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
+	}
+	if data.Dir != d.boxDir(data.ID) {
+		return nil, fmt.Errorf("adopt %s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
+	}
+	if !running(data.Pid, data.StartTime) || !cmdlineHas(data.Pid, data.Dir) {
+		b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+		b.markDead()
+		return b, nil
+	}
+	return newBox(d, data, nil), nil
+}
+
+// cmdlineHas reports whether pid's command line mentions s (the box
+// directory): the pid is QEMU of that box, not a stranger.
+func cmdlineHas(pid int, s string) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(data), s)
+}
+
+// qmpCommand runs one QMP command without arguments on the QMP socket.
+func qmpCommand(ctx context.Context, sock, command string) error {
+	c, err := dialUnix(ctx, sock)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	r := bufio.NewReader(c)
+	if _, err := r.ReadBytes('\n'); err != nil { // greeting
+		return fmt.Errorf("qmp greeting: %w", err)
+	}
+	for _, cmd := range []string{"qmp_capabilities", command} {
+		if _, err := fmt.Fprintf(c, "{\"execute\":%q}\n", cmd); err != nil {
+			return err
+		}
+		for {
+			line, err := r.ReadBytes('\n')
+			if err != nil {
+				if cmd == "quit" {
+					return nil // QEMU may exit before answering
+				}
+				return fmt.Errorf("qmp %s: %w", cmd, err)
+			}
+			var resp struct {
+				Return json.RawMessage `json:"return"`
+				Error  *struct {
+					Desc string `json:"desc"`
+				} `json:"error"`
+			}
+			if json.Unmarshal(line, &resp) != nil {
+				continue
+			}
+			if resp.Error != nil {
+				return fmt.Errorf("qmp %s: %s", cmd, resp.Error.Desc)
+			}
+			if resp.Return != nil {
+				break
+			}
+			// An event: keep reading.
+		}
+	}
+	return nil
+}
