@@ -101,9 +101,11 @@ func BenchmarkCapture(b *testing.B) {
 	d := benchDesktop(b)
 	r := d.screenRect()
 	for b.Loop() {
-		if _, err := d.capture(r); err != nil {
+		_, release, err := d.capture(r)
+		if err != nil {
 			b.Fatal(err)
 		}
+		release()
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"image"
 	"image/jpeg"
+	"sync"
 
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/shm"
@@ -78,6 +79,7 @@ func layoutFor(info *xproto.SetupInfo, scr *xproto.ScreenInfo) (pixelLayout, err
 }
 
 // toRGBA converts w*h pixels of ZPixmap data into dst.Pix (stride w*4).
+// dst may be src: the conversion works in place.
 func (l pixelLayout) toRGBA(dst, src []byte) {
 	n := len(dst) / 4
 	src = src[:n*4]
@@ -97,10 +99,8 @@ func (l pixelLayout) toRGBA(dst, src []byte) {
 		return
 	}
 	for i := 0; i < len(src); i += 4 {
-		dst[i+0] = src[i+l.r]
-		dst[i+1] = src[i+l.g]
-		dst[i+2] = src[i+l.b]
-		dst[i+3] = 0xff
+		r, g, b := src[i+l.r], src[i+l.g], src[i+l.b] // dst may be src
+		dst[i+0], dst[i+1], dst[i+2], dst[i+3] = r, g, b, 0xff
 	}
 }
 
@@ -145,18 +145,32 @@ func (s *shmSegment) close(conn *xgb.Conn) {
 	unix.SysvShmDetach(s.data)
 }
 
-// capture reads r of the root window into a new RGBA image.
-func (d *Desktop) capture(r image.Rectangle) (*image.RGBA, error) {
-	img := image.NewRGBA(image.Rect(0, 0, r.Dx(), r.Dy()))
-	size := len(img.Pix)
+// frames recycles the buffers screenshots are captured into. A new 3 MB
+// buffer per shot made the garbage collector run about once a shot, and
+// under gVisor the page faults on fresh memory are expensive too.
+var frames sync.Pool // *[]byte
+
+// capture reads r of the root window. It returns the pixels in the
+// server's layout (d.pix), 4 bytes each with stride 4*r.Dx(), and a
+// function that recycles them once the caller is done.
+func (d *Desktop) capture(r image.Rectangle) (pix []byte, release func(), err error) {
+	size := r.Dx() * r.Dy() * 4
 	d.shotMu.Lock()
 	if seg := d.seg; seg != nil && size <= len(seg.data) {
 		_, err := shm.GetImage(d.conn, xproto.Drawable(d.root), int16(r.Min.X), int16(r.Min.Y),
 			uint16(r.Dx()), uint16(r.Dy()), 0xffffffff, xproto.ImageFormatZPixmap, seg.seg, 0).Reply()
 		if err == nil {
-			d.pix.toRGBA(img.Pix, seg.data[:size])
+			// Copy out of the segment so that the next capture need not
+			// wait for this one to be encoded.
+			p, _ := frames.Get().(*[]byte)
+			if p == nil || cap(*p) < size {
+				b := make([]byte, max(size, d.width*d.height*4))
+				p = &b
+			}
+			pix = (*p)[:size]
+			copy(pix, seg.data[:size])
 			d.shotMu.Unlock()
-			return img, nil
+			return pix, func() { frames.Put(p) }, nil
 		}
 		// The segment stopped working (server restarted its extension?):
 		// drop it and use the socket from now on.
@@ -167,13 +181,12 @@ func (d *Desktop) capture(r image.Rectangle) (*image.RGBA, error) {
 	reply, err := xproto.GetImage(d.conn, xproto.ImageFormatZPixmap, xproto.Drawable(d.root),
 		int16(r.Min.X), int16(r.Min.Y), uint16(r.Dx()), uint16(r.Dy()), 0xffffffff).Reply()
 	if err != nil {
-		return nil, fmt.Errorf("get image: %w", err)
+		return nil, nil, fmt.Errorf("get image: %w", err)
 	}
 	if len(reply.Data) < size {
-		return nil, fmt.Errorf("get image returned %d bytes, want %d", len(reply.Data), size)
+		return nil, nil, fmt.Errorf("get image returned %d bytes, want %d", len(reply.Data), size)
 	}
-	d.pix.toRGBA(img.Pix, reply.Data)
-	return img, nil
+	return reply.Data[:size], func() {}, nil
 }
 
 func (d *Desktop) screenRect() image.Rectangle { return image.Rect(0, 0, d.width, d.height) }
@@ -194,11 +207,24 @@ func (d *Desktop) Screenshot(ctx context.Context, opts action.ScreenshotOptions)
 	if !r.In(screen) {
 		return nil, &action.Error{Msg: fmt.Sprintf("region %v is not inside the %dx%d screen", r, d.width, d.height)}
 	}
-	img, err := d.capture(r)
+	pix, release, err := d.capture(r)
 	if err != nil {
 		return nil, err
 	}
+	defer release()
 	d.ready.Store(true)
+	w, h := r.Dx(), r.Dy()
+	if (opts.Format == action.FormatPNG || opts.Format == "") && !opts.Cursor && scaledWidth(w, opts.Scale, opts.Width) == w {
+		// The common case: straight from the server's pixels to PNG, with
+		// no RGBA copy in between.
+		data, err := encodePNGBytes(pix, 4*w, w, h, d.pix)
+		if err != nil {
+			return nil, err
+		}
+		return &Shot{Format: action.FormatPNG, Width: w, Height: h, Data: data}, nil
+	}
+	img := &image.RGBA{Pix: pix, Stride: 4 * w, Rect: image.Rect(0, 0, w, h)}
+	d.pix.toRGBA(img.Pix, pix) // in place
 	if opts.Cursor {
 		d.drawCursor(img, r.Min)
 	}
@@ -206,10 +232,8 @@ func (d *Desktop) Screenshot(ctx context.Context, opts action.ScreenshotOptions)
 	return encode(out, opts.Format, opts.Quality)
 }
 
-// scaleDown returns img scaled by scale, or to width keeping the aspect
-// ratio; it never scales up.
-func scaleDown(img *image.RGBA, scale float64, width int) *image.RGBA {
-	w, h := img.Rect.Dx(), img.Rect.Dy()
+// scaledWidth is the width scaleDown scales a w pixels wide image to.
+func scaledWidth(w int, scale float64, width int) int {
 	tw := w
 	switch {
 	case width > 0 && width < w:
@@ -218,6 +242,17 @@ func scaleDown(img *image.RGBA, scale float64, width int) *image.RGBA {
 		tw = int(float64(w)*scale + 0.5)
 	}
 	if tw >= w || tw < 1 {
+		return w
+	}
+	return tw
+}
+
+// scaleDown returns img scaled by scale, or to width keeping the aspect
+// ratio; it never scales up.
+func scaleDown(img *image.RGBA, scale float64, width int) *image.RGBA {
+	w, h := img.Rect.Dx(), img.Rect.Dy()
+	tw := scaledWidth(w, scale, width)
+	if tw == w {
 		return img
 	}
 	th := max(1, int(float64(h)*float64(tw)/float64(w)+0.5))
@@ -227,26 +262,26 @@ func scaleDown(img *image.RGBA, scale float64, width int) *image.RGBA {
 }
 
 func encode(img *image.RGBA, format string, quality int) (*Shot, error) {
-	var buf bytes.Buffer
+	buf := outBufs.Get().(*bytes.Buffer)
+	defer outBufs.Put(buf)
+	buf.Reset()
 	shot := &Shot{Format: format, Width: img.Rect.Dx(), Height: img.Rect.Dy()}
 	switch format {
 	case action.FormatJPEG:
 		if quality <= 0 || quality > 100 {
 			quality = action.DefaultJPEGQuality
 		}
-		buf.Grow(len(img.Pix) / 10)
-		if err := jpeg.Encode(&buf, img, &jpeg.Options{Quality: quality}); err != nil {
+		if err := jpeg.Encode(buf, img, &jpeg.Options{Quality: quality}); err != nil {
 			return nil, fmt.Errorf("encode jpeg: %w", err)
 		}
 	case action.FormatPNG, "":
 		shot.Format = action.FormatPNG
-		buf.Grow(len(img.Pix) / 8)
-		if err := encodePNG(&buf, img); err != nil {
+		if err := encodePNG(buf, img); err != nil {
 			return nil, fmt.Errorf("encode png: %w", err)
 		}
 	default:
 		return nil, &action.Error{Msg: fmt.Sprintf("format must be png or jpeg, not %q", format)}
 	}
-	shot.Data = buf.Bytes()
+	shot.Data = bytes.Clone(buf.Bytes()) // buf goes back to the pool
 	return shot, nil
 }

@@ -46,6 +46,7 @@ type Desktop struct {
 	// inputMu serializes input so that concurrent actions do not interleave
 	// their presses and releases.
 	inputMu sync.Mutex
+	in      inputSink
 	keys    *keyboard
 	buttons [4]bool // buttons 1..3 left down by mouse_down
 
@@ -58,6 +59,9 @@ type Desktop struct {
 	closeOnce sync.Once
 	events    chan struct{} // closed when the event loop ends
 }
+
+// inputViaXGB makes Open skip the input connection (tests of the fallback).
+var inputViaXGB = false
 
 // Open connects to the X server at display (":1"; "" means $DISPLAY) and
 // sets up XTEST, MIT-SHM and XFIXES. XTEST is required; the other two are
@@ -115,6 +119,17 @@ func setup(conn *xgb.Conn, display string) (*Desktop, error) {
 		// that cannot attach our segment) leaves plain GetImage in use.
 		d.seg, _ = newShmSegment(conn, d.width*d.height*4)
 	}
+	// Input goes through a connection of its own when one can be opened
+	// (see xinput), else through this one.
+	conn.ExtLock.RLock()
+	opcode := conn.Extensions["XTEST"]
+	conn.ExtLock.RUnlock()
+	d.in = xgbInput{conn: conn, root: d.root}
+	if !inputViaXGB {
+		if in, err := dialInput(display, opcode, d.root); err == nil {
+			d.in = in
+		}
+	}
 	go d.eventLoop()
 	return d, nil
 }
@@ -149,6 +164,7 @@ func (d *Desktop) Close() error {
 		}
 		d.keys.restore(true)
 		_ = d.sync()
+		d.in.close()
 		d.inputMu.Unlock()
 		d.shotMu.Lock()
 		if d.seg != nil {
@@ -186,14 +202,9 @@ func (d *Desktop) Capabilities() []string {
 	return caps
 }
 
-// sync makes a round trip, so every request sent before it (fake input,
-// mapping changes) has been processed by the server when it returns.
-func (d *Desktop) sync() error {
-	if _, err := xproto.GetInputFocus(d.conn).Reply(); err != nil {
-		return fmt.Errorf("round trip to the X server: %w", err)
-	}
-	return nil
-}
+// sync sends the queued input and makes a round trip, so every event sent
+// before it has been processed by the server when it returns.
+func (d *Desktop) sync() error { return d.in.sync() }
 
 type atoms struct {
 	clientList, activeWindow, netWMName, utf8String, wmState xproto.Atom

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jezek/xgb/xproto"
-	"github.com/jezek/xgb/xtest"
 
 	"github.com/cubicle-dev/cubicle/internal/action"
 )
@@ -25,10 +24,19 @@ const (
 	dragMaxSteps = 500 // motion events per drag, whatever its length
 )
 
-// fake sends one XTEST event: a key or button press/release (detail is the
-// keycode or button) or an absolute motion to (x, y).
-func (d *Desktop) fake(typ, detail byte, x, y int) {
-	xtest.FakeInput(d.conn, typ, detail, xproto.TimeCurrentTime, d.root, int16(x), int16(y), 0)
+// fake queues one XTEST event: a key or button press/release (detail is
+// the keycode or button) or an absolute motion to (x, y). The queue goes to
+// the server at the next pause or sync.
+func (d *Desktop) fake(typ, detail byte, x, y int) { d.in.fake(typ, detail, x, y) }
+
+// pause sends the queued events and sleeps for t, so that the pause falls
+// between the events before and after it.
+func (d *Desktop) pause(t time.Duration) error {
+	if err := d.in.flush(); err != nil {
+		return err
+	}
+	time.Sleep(t)
+	return nil
 }
 
 func (d *Desktop) moveTo(x, y int) { d.fake(xproto.MotionNotify, 0, x, y) }
@@ -67,7 +75,9 @@ func (d *Desktop) click(a action.Action, count int) error {
 	b := buttonNumber(a.Button)
 	for i := 0; i < count; i++ {
 		if i > 0 {
-			time.Sleep(clickGap)
+			if err := d.pause(clickGap); err != nil {
+				return err
+			}
 		}
 		d.fake(xproto.ButtonPress, b, 0, 0)
 		d.fake(xproto.ButtonRelease, b, 0, 0)
@@ -97,7 +107,9 @@ func (d *Desktop) drag(a action.Action) error {
 		return err
 	}
 	d.fake(xproto.ButtonPress, b, 0, 0)
-	time.Sleep(dragSettle)
+	if err := d.pause(dragSettle); err != nil {
+		return err
+	}
 	total := 0.0
 	for i := 1; i < len(a.Path); i++ {
 		total += math.Hypot(float64(a.Path[i][0]-a.Path[i-1][0]), float64(a.Path[i][1]-a.Path[i-1][1]))
@@ -110,10 +122,14 @@ func (d *Desktop) drag(a action.Action) error {
 			x := from[0] + (to[0]-from[0])*s/n
 			y := from[1] + (to[1]-from[1])*s/n
 			d.moveTo(x, y)
-			time.Sleep(dragStepGap)
+			if err := d.pause(dragStepGap); err != nil {
+				return err
+			}
 		}
 	}
-	time.Sleep(dragSettle)
+	if err := d.pause(dragSettle); err != nil {
+		return err
+	}
 	d.fake(xproto.ButtonRelease, b, 0, 0)
 	return d.sync()
 }
@@ -123,7 +139,9 @@ func (d *Desktop) scroll(a action.Action) error {
 	b := scrollButton(a.Direction)
 	for i := 0; i < a.Amount; i++ {
 		if i > 0 {
-			time.Sleep(scrollGap)
+			if err := d.pause(scrollGap); err != nil {
+				return err
+			}
 		}
 		d.fake(xproto.ButtonPress, b, 0, 0)
 		d.fake(xproto.ButtonRelease, b, 0, 0)
