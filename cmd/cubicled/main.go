@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
+	"github.com/cubicle-dev/cubicle/internal/netpool"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
@@ -80,6 +82,10 @@ func run() error {
 		agentBin       = flag.String("agent-bin", envOr("CUBICLE_AGENT_BIN", filepath.Join(filepath.Dir(exe), "cubicle-agent")), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
 		readyTimeout   = flag.Duration("ready-timeout", envDuration("CUBICLE_READY_TIMEOUT", 3*time.Minute), "how long a create may take to a ready desktop (CUBICLE_READY_TIMEOUT)")
 		logLevel       = flag.String("log-level", envOr("CUBICLE_LOG_LEVEL", "info"), "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
+		netEnable      = flag.Bool("net", envOr("CUBICLE_NET", "") == "1", "give each sandbox a network: a netns/TAP on a cubicle bridge, an address, nftables egress policy; changes the host's network (CUBICLE_NET=1)")
+		netBridge      = flag.String("net-bridge", envOr("CUBICLE_NET_BRIDGE", netpool.DefaultBridge), "bridge owned by cubicle (CUBICLE_NET_BRIDGE)")
+		netCIDR        = flag.String("net-cidr", envOr("CUBICLE_NET_CIDR", netpool.DefaultCIDR), "IPv4 network sandboxes get addresses from; its first address is the bridge/gateway (CUBICLE_NET_CIDR)")
+		netDNS         = flag.String("net-dns", envOr("CUBICLE_NET_DNS", ""), "comma-separated DNS servers for sandboxes; reachable only under a sandbox's egress policy (CUBICLE_NET_DNS)")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
 	)
 	flag.Parse()
@@ -127,6 +133,10 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	m := metrics.New()
+	netPool, err := newNetPool(ctx, *netEnable, *netBridge, *netCIDR, *netDNS, filepath.Join(*dataDir, "netpool"))
+	if err != nil {
+		return err
+	}
 	mgr, err := sandbox.New(ctx, sandbox.Config{
 		DataDir:        *dataDir,
 		Drivers:        drivers,
@@ -142,6 +152,7 @@ func run() error {
 		IdleTimeout:  *idleTimeout,
 		MaxLifetime:  lifetime,
 		ReadyTimeout: *readyTimeout,
+		Network:      netPool,
 		Metrics:      m,
 		Log:          log,
 	})
@@ -186,4 +197,32 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// newNetPool sets up sandbox networking when enabled; nil means sandboxes
+// have loopback only.
+func newNetPool(ctx context.Context, enable bool, bridge, cidrFlag, dnsFlag, stateDir string) (sandbox.NetPool, error) {
+	if !enable {
+		return nil, nil
+	}
+	cidr, err := netip.ParsePrefix(cidrFlag)
+	if err != nil {
+		return nil, fmt.Errorf("--net-cidr: %w", err)
+	}
+	var dns []netip.Addr
+	for _, s := range strings.Split(dnsFlag, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("--net-dns: %w", err)
+		}
+		dns = append(dns, a)
+	}
+	p, err := netpool.New(ctx, netpool.Config{Bridge: bridge, CIDR: cidr, DNS: dns, StateDir: stateDir})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox network: %w", err)
+	}
+	return p, nil
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -49,8 +50,11 @@ type Config struct {
 	Retention      time.Duration            // how long stopped/failed records stay listed; default 10 min
 	ReapInterval   time.Duration            // default 1 s
 	Clock          Clock
-	Metrics        *metrics.Metrics
-	Log            *slog.Logger
+	// Network gives sandboxes a network; nil means none at all (loopback
+	// only), and requests asking for egress are refused.
+	Network NetPool
+	Metrics *metrics.Metrics
+	Log     *slog.Logger
 }
 
 // autoOrder is the preference of "auto": hardware isolation first.
@@ -221,6 +225,19 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.log.Warn("orphan cleanup", "backend", name, "err", err)
 		}
 	}
+	if m.cfg.Network != nil {
+		// After the boxes: a network is removed only once nothing uses it.
+		all := make(map[string]bool)
+		for _, ids := range keep {
+			for id := range ids {
+				all[id] = true
+			}
+		}
+		if err := m.cfg.Network.Cleanup(ctx, all); err != nil {
+			m.log.Warn("network orphan cleanup", "err", err)
+		}
+		m.updateNetGauge()
+	}
 	m.updateGauges()
 	return nil
 }
@@ -303,6 +320,13 @@ func (m *Manager) available(ctx context.Context, d driver.Driver) error {
 // the start failed, in which case nothing of it is left); without, it returns
 // at once in state "starting".
 func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (Sandbox, error) {
+	allow, err := egressAllow(req.Network)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if len(allow) > 0 && m.cfg.Network == nil {
+		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "network egress was requested but this daemon runs sandboxes without a network (start cubicled with --net)")
+	}
 	d, err := m.resolveBackend(ctx, req.Backend)
 	if err != nil {
 		return Sandbox{}, err
@@ -370,7 +394,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
-		m.start(sctx, e, d, spec)
+		m.start(sctx, e, d, spec, allow)
 	}()
 	if !wait {
 		return m.snapshot(e), nil
@@ -394,14 +418,25 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	return sb, nil
 }
 
-// start runs the driver and waits for the desktop; it always closes
-// e.started and leaves the entry running or failed-and-cleaned.
-func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec driver.Spec) {
+// start attaches the network, runs the driver and waits for the desktop;
+// it always closes e.started and leaves the entry running or
+// failed-and-cleaned.
+func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec driver.Spec, allow []netip.Prefix) {
 	defer close(e.started)
 	t0 := time.Now()
 	id := spec.ID
 	log := m.log.With("sandbox", id, "backend", d.Name())
+	detach := func() error {
+		if m.cfg.Network == nil {
+			return nil
+		}
+		defer m.updateNetGauge()
+		return m.cfg.Network.Detach(context.WithoutCancel(ctx), id)
+	}
 	fail := func(err error) {
+		if derr := detach(); derr != nil {
+			err = errors.Join(err, fmt.Errorf("detach network: %w", derr))
+		}
 		log.Error("create failed", "err", err)
 		m.m.CreateFailures.WithLabelValues(d.Name()).Inc()
 		m.mu.Lock()
@@ -419,6 +454,23 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		close(e.stopped)
 		if err := m.persist(e); err != nil {
 			log.Warn("persist failed sandbox", "err", err)
+		}
+	}
+	if m.cfg.Network != nil {
+		tn := time.Now()
+		n, err := m.cfg.Network.Attach(ctx, id, netKind(d), allow)
+		m.updateNetGauge()
+		if err != nil {
+			fail(fmt.Errorf("attach network: %w", err))
+			return
+		}
+		log.Debug("network attached", "ip", n.Addr.Addr().String(), "ms", time.Since(tn).Milliseconds())
+		spec.Net = n
+		m.mu.Lock()
+		e.rec.Sandbox.IP = n.Addr.Addr().String()
+		m.mu.Unlock()
+		if err := m.persist(e); err != nil {
+			log.Warn("persist sandbox address", "err", err)
 		}
 	}
 	box, err := d.Create(ctx, spec)
@@ -442,6 +494,9 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		client.Close()
 		if err := box.Stop(context.WithoutCancel(ctx)); err != nil {
 			log.Warn("stop box destroyed while starting", "err", err)
+		}
+		if err := detach(); err != nil {
+			log.Warn("detach network of box destroyed while starting", "err", err)
 		}
 		return
 	}
@@ -524,6 +579,14 @@ func (m *Manager) teardown(e *entry, reason string) {
 		}
 		if e.box != nil {
 			err = e.box.Stop(context.WithoutCancel(m.ctx))
+			// The network goes after the box, on every path; a start
+			// that failed or was cancelled has detached its own.
+			if m.cfg.Network != nil {
+				if derr := m.cfg.Network.Detach(context.WithoutCancel(m.ctx), e.rec.Sandbox.ID); derr != nil {
+					err = errors.Join(err, fmt.Errorf("detach network: %w", derr))
+				}
+				m.updateNetGauge()
+			}
 		}
 		m.mu.Lock()
 		e.rec.Sandbox.State = StateStopped

@@ -68,6 +68,11 @@ type Options struct {
 	DefaultBackend string // default "gvisor"
 	Env            []string
 	Args           []string
+	// ListenHost is the address the API listens on; default 127.0.0.1.
+	// Network tests, which run the daemon inside a namespace of their
+	// own, use 0.0.0.0 so that sandboxes could try the API on every host
+	// address. The client always uses 127.0.0.1.
+	ListenHost string
 }
 
 // Daemon is a running cubicled.
@@ -101,6 +106,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	ln.Close()
 	d := &Daemon{URL: "http://" + addr, APIKey: "test-" + hex.EncodeToString(key), Addr: addr, opts: opts, bin: bin,
 		Log: filepath.Join(opts.DataDir, "cubicled.log")}
+	if opts.ListenHost != "" {
+		d.Addr = net.JoinHostPort(opts.ListenHost, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	}
 	return d, d.start(ctx)
 }
 

@@ -208,6 +208,9 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if err := validID(spec.ID); err != nil {
 		return nil, err
 	}
+	if spec.Net != nil && spec.Net.Netns == "" {
+		return nil, fmt.Errorf("create %s: an OCI box needs a network namespace to join (a veth attachment), got TAP %q", spec.ID, spec.Net.TAP)
+	}
 	spec = withDefaults(spec)
 	// Mount the resolved path, so the mount table names the image version
 	// in use and image GC keeps it while the box runs.
@@ -256,6 +259,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if err := makeMountPoints(rootfs); err != nil {
 		return nil, fmt.Errorf("create %s: prepare rootfs: %w", spec.ID, err)
 	}
+	if spec.Net != nil {
+		if err := writeNetFiles(rootfs, spec); err != nil {
+			return nil, fmt.Errorf("create %s: network files: %w", spec.ID, err)
+		}
+	}
 	cfg, err := json.MarshalIndent(ociSpec(spec, rootfs, runDir, d.cfg.AgentBinary, !d.isRunsc()), "", "  ")
 	if err != nil {
 		return nil, err
@@ -271,7 +279,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	defer console.Close()
 	pidFile := filepath.Join(dir, "pid")
 	cu.add(func() { d.deleteContainer(teardown, spec.ID) })
-	cmd := d.command(ctx, "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, spec.ID)
+	netns := ""
+	if spec.Net != nil {
+		netns = spec.Net.Netns
+	}
+	cmd := d.commandNet(ctx, netns, "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, spec.ID)
 	// The container inherits these files as its stdio: they must be files,
 	// not pipes to the daemon, so it outlives us.
 	cmd.Stdout, cmd.Stderr = console, console
@@ -317,15 +329,47 @@ func makeMountPoints(rootfs string) error {
 
 // command returns the runtime invoked with its global flags and args.
 func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
+	return d.commandNet(ctx, "", args...)
+}
+
+// commandNet is command for a box that joins the network namespace at
+// netns, or has no network when netns is "".
+func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *exec.Cmd {
+	network := netns != ""
 	global := []string{"--root", d.runtimeRoot()}
 	if d.isRunsc() {
 		// --host-uds=create lets the agent's socket, created inside the
 		// sandbox on the bind mount, be a real host socket the daemon can
-		// connect to. --network=none: loopback only, for now.
-		global = append(global, "--host-uds=create", "--network=none")
+		// connect to. --network=sandbox: gVisor's own network stack
+		// takes over the interfaces, addresses and routes of the network
+		// namespace the box joins (prepared by netpool); without one,
+		// --network=none: loopback only.
+		netMode := "--network=none"
+		if network {
+			netMode = "--network=sandbox"
+		}
+		global = append(global, "--host-uds=create", netMode)
 	}
 	global = append(global, d.cfg.RuntimeArgs...)
-	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, append(global, args...)...)
+	argv := append(global, args...)
+	if network && d.isRunsc() && len(args) > 0 && args[0] == "run" {
+		// runsc 20221219 refuses --network=sandbox when it thinks the
+		// box's namespace is the root one, and it tells by whether
+		// /proc/sys/net/core/rmem_default exists there — which, since
+		// Linux 6.x namespaced that knob, it does in every namespace.
+		// So `runsc run` gets a private mount namespace in which that
+		// directory, as seen from the box's network namespace (procfs
+		// keeps /proc/sys/net per network namespace), is an empty tmpfs.
+		// The host's view, and the box's own /proc (gVisor's), are
+		// untouched.
+		script := `nsenter --net="$CUBICLE_NETNS" mount -t tmpfs -o ro,size=4k cubicle-runsc-netfix /proc/sys/net/core && exec "$0" "$@"`
+		argv = append([]string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", script, d.cfg.RuntimePath}, argv...)
+		cmd := exec.CommandContext(ctx, "unshare", argv...)
+		cmd.Env = append(os.Environ(), "CUBICLE_NETNS="+netns)
+		cmd.WaitDelay = 5 * time.Second
+		return cmd
+	}
+	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, argv...)
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }

@@ -2,8 +2,11 @@ package oci
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -148,6 +151,15 @@ func ociSpec(s driver.Spec, rootfs, runDir, agentBin string, runc bool) *specs.S
 			},
 		},
 	}
+	if s.Net != nil {
+		// Join the namespace netpool made (its eth0 carries the address
+		// and the default route) instead of a new, empty one.
+		for i := range sp.Linux.Namespaces {
+			if sp.Linux.Namespaces[i].Type == specs.NetworkNamespace {
+				sp.Linux.Namespaces[i].Path = s.Net.Netns
+			}
+		}
+	}
 	if runc {
 		// gVisor has its own /sys and /proc and ignores these; runc needs
 		// them to hide host kernel knobs from the box.
@@ -184,6 +196,52 @@ func validID(id string) error {
 	for _, c := range id {
 		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
 			return fmt.Errorf("invalid sandbox id %q: want [a-z0-9]", id)
+		}
+	}
+	return nil
+}
+
+// writeNetFiles writes /etc/resolv.conf (from s.Net.DNS), /etc/hosts and
+// /etc/hostname into the box's rootfs. They land in the box's own overlay
+// layer, never in the shared image; an image's symlink there (e.g. to
+// systemd-resolved's stub file) is replaced, not followed.
+func writeNetFiles(rootfs string, s driver.Spec) error {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	var resolv strings.Builder
+	for _, a := range s.Net.DNS {
+		fmt.Fprintf(&resolv, "nameserver %s\n", a)
+	}
+	if len(s.Net.DNS) == 0 {
+		// No resolver configured: say so instead of leaving the image's.
+		resolv.WriteString("# no DNS servers configured for this sandbox\n")
+	}
+	name := hostname(s.ID)
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n%s\t%s\n", s.Net.Addr.Addr(), name)
+	if err := root.MkdirAll("etc", 0o755); err != nil {
+		return err
+	}
+	for _, f := range []struct{ path, data string }{
+		{"etc/resolv.conf", resolv.String()},
+		{"etc/hosts", hosts},
+		{"etc/hostname", name + "\n"},
+	} {
+		if err := root.Remove(f.path); err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		w, err := root.OpenFile(f.path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join("/", f.path), err)
+		}
+		_, err = w.WriteString(f.data)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil
