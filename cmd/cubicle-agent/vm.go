@@ -8,7 +8,11 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
+	"github.com/mdlayher/vsock"
 )
+
+// vsockPort is where the agent listens on vsock (Firecracker's agent port).
+const vsockPort = 1024
 
 // runVM is the agent as PID 1 of a VM (see internal/agent/vminit): boot the
 // guest, then serve exactly as in a container, but on the virtio-serial
@@ -27,8 +31,15 @@ func runVM() {
 		os.Setenv(k, v)
 	}
 	os.Setenv(agent.TokenEnv, cfg.Token)
-	ln := vminit.ListenPort(vminit.AgentPort, log)
-	if err := run(log, "", "", session.DefaultPath, "root", false, []net.Listener{ln}); err != nil {
+	// QEMU gives the agent a virtio-serial port, Firecracker a vsock device
+	// (its host side is the hybrid vsock unix socket, "CONNECT 1024").
+	lns := []net.Listener{vminit.ListenPort(vminit.AgentPort, log)}
+	if vl, err := vsock.Listen(vsockPort, nil); err == nil {
+		lns = append(lns, vl)
+	} else {
+		log.Debug("no vsock listener", "err", err)
+	}
+	if err := run(log, "", "", session.DefaultPath, "root", false, lns); err != nil {
 		log.Error("cubicle-agent", "err", err)
 	}
 	log.Info("powering off")

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/firecracker"
 	"github.com/cubicle-dev/cubicle/internal/driver/oci"
 	"github.com/cubicle-dev/cubicle/internal/driver/qemu"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -129,10 +131,13 @@ func run() error {
 			return img.RootFS, err
 		},
 	})
+	fc := newFirecracker(*agentBin)
+	drivers["firecracker"] = fc
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	m := metrics.New()
+	m.Registry.MustRegister(fc.Collector())
 	netPool, err := newNetPool(ctx, *netEnable, *netBridge, *netCIDR, *netDNS, filepath.Join(*dataDir, "netpool"))
 	if err != nil {
 		return err
@@ -225,4 +230,22 @@ func newNetPool(ctx context.Context, enable bool, bridge, cidrFlag, dnsFlag, sta
 		return nil, fmt.Errorf("sandbox network: %w", err)
 	}
 	return p, nil
+}
+
+// newFirecracker configures the firecracker backend; without its binaries,
+// KVM or the unprivileged VMM user its Available says why.
+func newFirecracker(agentBin string) *firecracker.Driver {
+	uid, gid := 0, 0 // 0 makes Available refuse the backend, with the reason
+	if u, err := user.Lookup(envOr("CUBICLE_FIRECRACKER_USER", "cubicle-vm")); err == nil {
+		uid, _ = strconv.Atoi(u.Uid)
+		gid, _ = strconv.Atoi(u.Gid)
+	}
+	return firecracker.New(firecracker.Config{
+		FirecrackerBin: envOr("CUBICLE_FIRECRACKER_BIN", "firecracker"),
+		JailerBin:      envOr("CUBICLE_JAILER_BIN", "jailer"),
+		ChrootBase:     envOr("CUBICLE_FIRECRACKER_CHROOT", firecracker.DefaultChrootBase),
+		UID:            uid,
+		GID:            gid,
+		AgentBinary:    agentBin,
+	})
 }

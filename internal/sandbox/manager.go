@@ -725,6 +725,8 @@ func (m *Manager) Backends(ctx context.Context) []BackendInfo {
 		bi := BackendInfo{Name: n, Isolation: d.Isolation(), Available: true}
 		if err := m.available(ctx, d); err != nil {
 			bi.Available, bi.Reason = false, err.Error()
+		} else if a, ok := d.(driver.Accelerator); ok && !a.Accelerated(ctx) {
+			bi.Reason = "no hardware acceleration: runs emulated (slow); \"auto\" does not pick it"
 		}
 		out = append(out, bi)
 	}

@@ -95,8 +95,16 @@ func Boot(log *slog.Logger) (Config, error) {
 // PowerOff syncs the disks and powers the VM off. It does not return.
 func PowerOff() {
 	unix.Sync()
+	// Firecracker has no ACPI power-off: a powered-off guest just halts and
+	// the VMM keeps running. It exits when the guest reboots (reboot=k), so
+	// under Firecracker "off" is a reboot. Its guests are recognisable by the
+	// virtio-mmio devices it lists on the kernel command line.
+	cmd := unix.LINUX_REBOOT_CMD_POWER_OFF
+	if b, err := os.ReadFile("/proc/cmdline"); err == nil && strings.Contains(string(b), "virtio_mmio.device=") {
+		cmd = unix.LINUX_REBOOT_CMD_RESTART
+	}
 	for {
-		_ = unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		_ = unix.Reboot(cmd)
 		time.Sleep(time.Second)
 	}
 }

@@ -1,0 +1,374 @@
+package firecracker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
+)
+
+// stateVersion is the version of the State blob this driver writes.
+const stateVersion = 1
+
+// boxData is the State.Data of a box.
+type boxData struct {
+	ID        string   `json:"id"`
+	Pid       int      `json:"pid"`        // host pid of Firecracker
+	StartTime uint64   `json:"start_time"` // its start time (/proc/PID/stat field 22), against pid reuse
+	JailDir   string   `json:"jail_dir"`   // CHROOTBASE/firecracker/ID
+	APISocket string   `json:"api_socket"` // host path of the API socket
+	Vsock     string   `json:"vsock"`      // host path of the hybrid-vsock socket
+	Disk      string   `json:"disk"`       // host path of the VM's disk copy (inside the jail)
+	Cgroups   []string `json:"cgroups"`    // cgroup directories the jailer made
+}
+
+// box is one running VM. It implements driver.Box.
+type box struct {
+	d       *Driver
+	data    boxData
+	metrics *vmMetrics
+
+	dead     chan struct{} // closed when Firecracker has exited
+	deadOnce sync.Once
+	stop     chan struct{} // closed to end the watcher
+	stopOnce sync.Once
+	watchers sync.WaitGroup
+
+	mu      sync.Mutex // serializes Stop
+	stopped bool
+}
+
+func newBox(d *Driver, data boxData) *box {
+	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{}),
+		metrics: newVMMetrics(filepath.Join(data.JailDir, "root", strings.TrimPrefix(metricsName, "/")))}
+	b.watchers.Add(1)
+	go b.watch()
+	return b
+}
+
+func (b *box) markDead() { b.deadOnce.Do(func() { close(b.dead) }) }
+
+// stopWatch ends the watcher goroutine and waits for it.
+func (b *box) stopWatch() {
+	b.stopOnce.Do(func() { close(b.stop) })
+	b.watchers.Wait()
+}
+
+// watch closes b.dead when Firecracker exits, watching a pidfd (so a
+// recycled pid cannot fool it), and keeps the console log bounded.
+func (b *box) watch() {
+	defer b.watchers.Done()
+	fd, err := unix.PidfdOpen(b.data.Pid, 0)
+	if err != nil || !b.sameProcess() {
+		if err == nil {
+			unix.Close(fd)
+		}
+		b.markDead()
+		return
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for i := 0; ; i++ {
+		n, err := unix.Poll(fds, 250)
+		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+			b.markDead()
+			return
+		}
+		if i%20 == 0 {
+			b.boundConsole()
+		}
+		select {
+		case <-b.stop:
+			return
+		default:
+		}
+	}
+}
+
+// boundConsole empties console.log once it is larger than the limit: the
+// guest writes it and nothing else keeps it from filling the disk.
+func (b *box) boundConsole() {
+	p := filepath.Join(b.data.JailDir, consoleName)
+	if fi, err := os.Stat(p); err == nil && fi.Size() > b.d.cfg.ConsoleMaxBytes {
+		// Firecracker's descriptor is O_APPEND: it goes on writing at the
+		// new end.
+		if os.Truncate(p, 0) == nil {
+			f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+			if err == nil {
+				fmt.Fprintf(f, "[cubicle: console log truncated at %d bytes]\n", fi.Size())
+				f.Close()
+			}
+		}
+	}
+}
+
+// sameProcess reports whether b.data.Pid is still the Firecracker process
+// the box was made for (alive, not a zombie, same start time).
+func (b *box) sameProcess() bool {
+	st, ok := processStart(b.data.Pid)
+	return ok && st == b.data.StartTime
+}
+
+// processStart returns the start time of a live, non-zombie process.
+func processStart(pid int) (uint64, bool) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the ")" that closes the command name: state is field 3,
+	// starttime field 22.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
+		return 0, false
+	}
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	return st, err == nil
+}
+
+// DialAgent opens a new stream to the agent on guest vsock port AgentPort
+// through Firecracker's hybrid vsock.
+func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
+	select {
+	case <-b.dead:
+		return nil, fmt.Errorf("box %s: not running", b.data.ID)
+	default:
+	}
+	c, err := DialVsock(ctx, b.data.Vsock, AgentPort)
+	if err != nil {
+		return nil, fmt.Errorf("box %s: dial agent: %w", b.data.ID, err)
+	}
+	return c, nil
+}
+
+// State returns the versioned handle Adopt takes.
+func (b *box) State() driver.State {
+	data, _ := json.Marshal(b.data) // plain struct: cannot fail
+	return driver.State{Version: stateVersion, Driver: b.d.Name(), Data: data}
+}
+
+// Wait returns a channel closed when Firecracker has exited.
+func (b *box) Wait() <-chan struct{} { return b.dead }
+
+// Stop shuts the VM down — Ctrl-Alt-Del, then SIGKILL after
+// Config.StopTimeout — and removes its cgroups and its jail directory (the
+// disk copy, sockets and logs with it), continuing past errors and
+// returning them joined. It is safe to call more than once and after the
+// VM died; a Stop that failed may be retried. Teardown is not cut short by
+// ctx's cancellation.
+func (b *box) Stop(ctx context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stopped {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.d.cfg.StopTimeout+30*time.Second)
+	defer cancel()
+	var errs []error
+	select {
+	case <-b.dead:
+	default:
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		err := sendCtrlAltDel(actx, newClient(b.data.APISocket))
+		acancel()
+		if err == nil {
+			select {
+			case <-b.dead:
+			case <-time.After(b.d.cfg.StopTimeout):
+			}
+		}
+	}
+	// Also for a box adopted dead whose process hangs on: kill checks it
+	// is still the same process.
+	if err := b.kill(); err != nil {
+		errs = append(errs, err)
+	}
+	b.stopWatch()
+	b.d.unregister(b)
+	errs = append(errs, removeCgroups(b.data.Cgroups))
+	if err := os.RemoveAll(b.data.JailDir); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stop %s: %w", b.data.ID, err)
+	}
+	b.markDead()
+	b.stopped = true
+	return nil
+}
+
+// kill SIGKILLs Firecracker if it is still the same process and waits for
+// it to be gone.
+func (b *box) kill() error {
+	fd, err := unix.PidfdOpen(b.data.Pid, 0)
+	if err != nil {
+		return nil // gone
+	}
+	defer unix.Close(fd)
+	if !b.sameProcess() {
+		return nil
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("kill firecracker pid %d: %w", b.data.Pid, err)
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if n, _ := unix.Poll(fds, 100); n > 0 {
+			return nil
+		}
+	}
+	return fmt.Errorf("firecracker pid %d still alive after SIGKILL", b.data.Pid)
+}
+
+// removeCgroups removes cgroup directories, retrying while the kernel
+// still counts the exited process in them.
+func removeCgroups(dirs []string) error {
+	var errs []error
+	for _, d := range dirs {
+		var err error
+		for i := 0; i < 50; i++ {
+			err = unix.Rmdir(d)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				err = nil
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Adopt re-attaches to a VM from its State: its Firecracker process must
+// be the same one (pid and start time) and answer GET / on its API socket.
+// When it is not running, Adopt still returns a Box — with Wait already
+// closed — so the caller can Stop it to free its jail and cgroups; an error
+// means the state itself is unusable (Cleanup then removes what is left).
+func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
+	if st.Driver != d.Name() {
+		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
+	}
+	if st.Version != stateVersion {
+		return nil, fmt.Errorf("adopt: unknown state version %d", st.Version)
+	}
+	var data boxData
+	if err := json.Unmarshal(st.Data, &data); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
+	}
+	if err := validID(data.ID); err != nil {
+		return nil, fmt.Errorf("adopt: %w", err)
+	}
+	// Everything Stop removes must be this driver's, whatever the store says.
+	p := d.paths(data.ID)
+	if data.JailDir != p.JailDir || data.APISocket != p.host(apiSockName) || data.Vsock != p.host(vsockName) {
+		return nil, fmt.Errorf("adopt %s: paths in state are not under %s", data.ID, d.jailBase())
+	}
+	for _, c := range data.Cgroups {
+		if filepath.Base(c) != data.ID || !strings.HasPrefix(c, "/sys/fs/cgroup/") {
+			return nil, fmt.Errorf("adopt %s: cgroup %q is not the VM's", data.ID, c)
+		}
+	}
+	b := newBox(d, data)
+	if b.sameProcess() {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := newClient(data.APISocket).GetInstanceInfo(actx)
+		cancel()
+		if err == nil {
+			d.register(b)
+			return b, nil
+		}
+	}
+	// Not running, or not answering: a dead box that Stop can clean up
+	// (Stop kills a process that is still there).
+	b.stopWatch()
+	b.markDead()
+	return b, nil
+}
+
+// Cleanup kills every Firecracker process running in a jail of this
+// driver and removes every jail directory and cgroup whose sandbox ID is
+// not in keep.
+func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	var errs []error
+	ids := map[string]bool{}
+	for id, pids := range jailedProcesses(d.jailBase()) {
+		if keep[id] {
+			continue
+		}
+		ids[id] = true
+		for _, pid := range pids {
+			if st, ok := processStart(pid); ok {
+				b := &box{data: boxData{ID: id, Pid: pid, StartTime: st}}
+				if err := b.kill(); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
+	ents, err := os.ReadDir(d.jailBase())
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && validID(e.Name()) == nil && !keep[e.Name()] {
+			ids[e.Name()] = true
+		}
+	}
+	mounts, _ := os.ReadFile("/proc/self/mounts")
+	for id := range ids {
+		for _, v := range []int{1, 2} {
+			errs = append(errs, removeCgroups(cgroupDirs(mounts, v, d.cfg.ParentCgroup, id, []string{"memory", "cpuset"})))
+		}
+		if err := os.RemoveAll(filepath.Join(d.jailBase(), id)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// jailedProcesses returns, by sandbox ID, the processes whose root
+// directory is a chroot under base (BASE/ID/root) — jailed Firecrackers,
+// found even when their jail directory is already gone.
+func jailedProcesses(base string) map[string][]int {
+	out := map[string][]int{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		root, err := os.Readlink(filepath.Join("/proc", e.Name(), "root"))
+		if err != nil {
+			continue
+		}
+		root = strings.TrimSuffix(root, " (deleted)")
+		rel, ok := strings.CutPrefix(root, base+"/")
+		if !ok {
+			continue
+		}
+		id, rest, _ := strings.Cut(rel, "/")
+		if rest == "root" && validID(id) == nil {
+			out[id] = append(out[id], pid)
+		}
+	}
+	return out
+}
