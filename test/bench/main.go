@@ -32,8 +32,11 @@ func main() {
 	n := flag.Int("n", 100, "samples per native operation")
 	nSub := flag.Int("n-subprocess", 20, "samples per subprocess operation")
 	nCreate := flag.Int("n-create", 10, "sandboxes created for create-to-ready")
+	backends := flag.String("create-backends", "gvisor,runc,qemu", "backends measured for create-to-ready and memory")
+	nCreateVM := flag.Int("n-create-vm", 3, "sandboxes created for create-to-ready on emulated VM backends")
 	flag.Parse()
-	if err := run(*imageDir, *backend, *out, *n, *nSub, *nCreate); err != nil {
+	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM}
+	if err := run(*imageDir, *backend, *out, *n, *nSub, cfg); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -68,7 +71,21 @@ func measure(name string, n int, f func() error) (result, error) {
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 
-func run(imageDir, backend, out string, n, nSub, nCreate int) error {
+// createConfig says which backends get create-to-ready and memory figures.
+type createConfig struct {
+	backends []string
+	n, nVM   int
+}
+
+// backendResult is one backend's create-to-ready samples and idle memory.
+type backendResult struct {
+	name   string
+	create result
+	pss    int64
+	err    error
+}
+
+func run(imageDir, backend, out string, n, nSub int, cc createConfig) error {
 	ctx := context.Background()
 	dataDir, err := os.MkdirTemp("", "cubicle-bench-")
 	if err != nil {
@@ -90,8 +107,9 @@ func run(imageDir, backend, out string, n, nSub, nCreate int) error {
 	}
 	defer c.Destroy(ctx, sb.ID)
 	id := sb.ID
-	// Let Chromium settle so both ways see the same quiet desktop.
-	time.Sleep(5 * time.Second)
+	// Let Chromium finish starting (it takes both CPUs for ~20 s under
+	// gVisor) so both ways are measured on the same quiet desktop.
+	time.Sleep(25 * time.Second)
 	for i := 0; i < 10; i++ { // warm up connections and caches
 		c.Screenshot(ctx, id, client.ScreenshotOptions{})
 		c.Move(ctx, id, 10, 10)
@@ -189,26 +207,93 @@ func run(imageDir, backend, out string, n, nSub, nCreate int) error {
 		return err
 	}
 
-	// Memory of one idle desktop with Chromium open, from the host's view.
-	pss := sandboxPSS(id)
-	log.Printf("idle sandbox PSS: %d MiB", pss>>20)
-
-	// Create-to-ready, sequentially, each destroyed right after.
-	create := result{name: "create-to-ready"}
-	for k := 0; k < nCreate; k++ {
-		t0 := time.Now()
-		s, err := c.Create(ctx, client.CreateRequest{Resolution: &res})
-		if err != nil {
-			return fmt.Errorf("create %d: %w", k, err)
+	// Create-to-ready per backend, sequentially, each sandbox destroyed
+	// right after; the first one of each backend also gives the memory of an
+	// idle desktop with Chromium open, from the host's view.
+	var brs []backendResult
+	for _, b := range cc.backends {
+		br := measureCreate(ctx, c, b, res, cc)
+		if br.err != nil {
+			log.Printf("%s: %v", b, br.err)
 		}
-		create.samples = append(create.samples, time.Since(t0))
+		brs = append(brs, br)
+	}
+	disks := measureDisks(imageDir)
+
+	return os.WriteFile(out, []byte(report(backend, rs, brs, disks, shotBytes, n, nSub)), 0o644)
+}
+
+func measureCreate(ctx context.Context, c *client.Client, backend string, res client.Resolution, cc createConfig) backendResult {
+	br := backendResult{name: backend, create: result{name: "create-to-ready " + backend}}
+	n := cc.n
+	if backend == "qemu" {
+		n = cc.nVM
+	}
+	for k := 0; k < n; k++ {
+		t0 := time.Now()
+		s, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &res})
+		if err != nil {
+			br.err = fmt.Errorf("create %d: %w", k, err)
+			return br
+		}
+		br.create.samples = append(br.create.samples, time.Since(t0))
+		if k == 0 {
+			time.Sleep(20 * time.Second) // Chromium starts after ready
+			br.pss = sandboxPSS(s.ID)
+		}
 		if err := c.Destroy(ctx, s.ID); err != nil {
-			return err
+			br.err = err
+			return br
 		}
 	}
-	log.Printf("create-to-ready p50 %s p95 %s", ms(create.pct(.5)), ms(create.pct(.95)))
+	log.Printf("create-to-ready %s p50 %s p95 %s; idle PSS %d MiB", backend, ms(br.create.pct(.5)), ms(br.create.pct(.95)), br.pss>>20)
+	return br
+}
 
-	return os.WriteFile(out, []byte(report(backend, rs, create, pss, shotBytes, n, nSub)), 0o644)
+// measureDisks times the per-sandbox copy-on-write disk of the VM image by
+// each method tried: a qcow2 overlay (QEMU) and a reflink-or-sparse copy of
+// the raw ext4 (Firecracker).
+func measureDisks(imageDir string) []result {
+	base := filepath.Join(imageDir, "desktop", "disk.ext4")
+	if _, err := os.Stat(base); err != nil {
+		log.Printf("no VM disk to measure: %v", err)
+		return nil
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(base), ".bench-disk-")
+	if err != nil {
+		return nil
+	}
+	defer os.RemoveAll(tmp)
+	var out []result
+	for _, m := range []struct {
+		name string
+		argv func(dst string) []string
+	}{
+		{"qcow2 overlay (qemu-img create -b)", func(dst string) []string {
+			return []string{"qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw", "-b", base, dst}
+		}},
+		{"reflink-or-sparse copy (cp --reflink=auto --sparse=always)", func(dst string) []string {
+			return []string{"cp", "--reflink=auto", "--sparse=always", base, dst}
+		}},
+	} {
+		r := result{name: m.name}
+		for k := 0; k < 5; k++ {
+			dst := filepath.Join(tmp, strconv.Itoa(k))
+			argv := m.argv(dst)
+			t0 := time.Now()
+			if err := exec.Command(argv[0], argv[1:]...).Run(); err != nil {
+				log.Printf("%s: %v", m.name, err)
+				break
+			}
+			r.samples = append(r.samples, time.Since(t0))
+			os.Remove(dst)
+		}
+		if len(r.samples) > 0 {
+			log.Printf("%-60s p50 %s", m.name, ms(r.pct(.5)))
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // sandboxPSS sums the proportional set size of the host processes of a
@@ -252,7 +337,7 @@ func machine() string {
 		strings.TrimSpace(string(kernel)), runtime.Version(), strings.TrimSpace(strings.SplitN(string(runsc), "\n", 2)[0]))
 }
 
-func report(backend string, rs []result, create result, pss int64, shotBytes, n, nSub int) string {
+func report(backend string, rs []result, brs []backendResult, disks []result, shotBytes, n, nSub int) string {
 	find := func(name string) (result, bool) {
 		for _, r := range rs {
 			if r.name == name {
@@ -285,9 +370,22 @@ func report(backend string, rs []result, create result, pss int64, shotBytes, n,
 		fmt.Fprintf(&b, "| %s vs %s | %s | %s | %.1f× |\n", pair[0], pair[1], ms(a.pct(.5)), ms(s.pct(.5)),
 			float64(s.pct(.5))/float64(a.pct(.5)))
 	}
-	fmt.Fprintf(&b, "\n## Create and memory\n\n- create-to-ready (POST /v1/sandboxes until the desktop answers a screenshot; n=%d, sequential): p50 %s, p95 %s, max %s.\n",
-		len(create.samples), ms(create.pct(.5)), ms(create.pct(.95)), ms(create.pct(1)))
-	fmt.Fprintf(&b, "- memory of one idle desktop sandbox with Chromium open (PSS of its host processes): %d MiB.\n", pss>>20)
+	fmt.Fprintf(&b, "\n## Create-to-ready and memory per backend\n\nCreate-to-ready is POST /v1/sandboxes until the desktop answers a screenshot (Chromium paints later), sequential. Memory is the PSS of the sandbox's host processes 20 s after ready, one desktop with Chromium open (for QEMU: the whole VM process, 1024 MiB guest).\n\n| backend | n | p50 | p95 | max | idle memory |\n|---|---|---|---|---|---|\n")
+	for _, br := range brs {
+		if br.err != nil {
+			fmt.Fprintf(&b, "| %s | - | failed: %v | | | |\n", br.name, br.err)
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d MiB |\n", br.name, len(br.create.samples), ms(br.create.pct(.5)),
+			ms(br.create.pct(.95)), ms(br.create.pct(1)), br.pss>>20)
+	}
+	if len(disks) > 0 {
+		fmt.Fprintf(&b, "\n## Per-sandbox VM disk (copy-on-write of the desktop image's ext4), n=5\n\n| method | p50 | max |\n|---|---|---|\n")
+		for _, r := range disks {
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", r.name, ms(r.pct(.5)), ms(r.pct(1)))
+		}
+		fmt.Fprintf(&b, "\nThis machine's filesystem (ext4) has no reflink, so the copy is a sparse copy; on XFS or btrfs it is a reflink.\n")
+	}
 	fmt.Fprintf(&b, "\nTargets (issue 2): native click p50 ≤ 5 ms, screenshot PNG p50 ≤ 40 ms, each ≥ 10× faster than its subprocess twin; create-to-ready ≤ 3 s.\n")
 	return b.String()
 }
