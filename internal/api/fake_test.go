@@ -426,7 +426,7 @@ func newTestEnv(t *testing.T, cfg Config) *testEnv {
 	mgr.agent = client
 	logs := &syncBuffer{}
 	m := metrics.New()
-	srv := newServer(cfg, mgr, m, slog.New(slog.NewJSONHandler(logs, nil)))
+	srv := newServer(cfg, mgr, m, slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	return &testEnv{t: t, mgr: mgr, agent: fa, metrics: m, logs: logs, h: srv, srv: srv}
 }
 

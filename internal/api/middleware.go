@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"log/slog"
 	"net/http"
 	"runtime/debug"
 	"strconv"
@@ -47,7 +48,13 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if id := r.PathValue("id"); id != "" {
 			attrs = append(attrs, "sandbox", id)
 		}
-		s.log.Info("http request", attrs...)
+		// Agents call the desktop routes hundreds of times a task: successful
+		// reads and actions are logged at debug, everything else at info.
+		level := slog.LevelInfo
+		if status < 400 && (r.Method == http.MethodGet || strings.HasSuffix(route, "/actions")) {
+			level = slog.LevelDebug
+		}
+		s.log.Log(r.Context(), level, "http request", attrs...)
 	}()
 
 	if !s.open[pattern] && !s.authorized(r) {
