@@ -53,6 +53,7 @@ lint:
 	gofmt -l . | (! grep .)
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	shellcheck deploy/*.sh scripts/*.sh .ci/run
 
 clean:
 	rm -rf $(BIN)

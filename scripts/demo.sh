@@ -42,6 +42,7 @@ sleep 2
 $cli click "$id" 512 300
 $cli type "$id" "hello from cubicle ✓"
 sleep 0.5
+# shellcheck disable=SC2016 # expanded inside the sandbox, not here
 $cli exec "$id" -- sh -c 'echo "uname: $(uname -sr)"; echo "DISPLAY=$DISPLAY"'
 $cli screenshot "$id" -o demo.png
 echo
