@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,34 +14,34 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/cubicle-dev/cubicle/client"
+	cimage "github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
 	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
-// TestNetwork runs a cubicled with sandbox networking on the gvisor backend
-// entirely inside a network namespace this test made (the test binary
-// re-executes itself under `unshare --net`), with "the internet" — HTTP
-// servers at 192.0.2.1 and 192.0.2.2 — in a second namespace behind a veth.
-// Nothing is added to the host's own network.
+// TestNetwork runs cubicled with sandbox networking entirely inside a
+// network namespace this test made (the test binary re-executes itself
+// under `unshare --net`), with "the internet" — HTTP servers at 192.0.2.1
+// and 192.0.2.2 — in a second namespace behind a veth. Nothing is added to
+// the host's own network. It runs the same reachability matrix on gvisor
+// (a netns and veth per sandbox) and on qemu (a TAP per VM, the guest's
+// kernel configuring eth0 from ip=), each with its own daemon, bridge and
+// address range. At most two sandboxes run at once: under TCG each VM
+// costs a core.
 func TestNetwork(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
 	}
-	needs.Runtime(t, "runsc")
 	needs.Command(t, "nft")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	const (
-		bridge = "cbe2e0"
-		cidr   = "10.89.0.0/24"
-		gw     = "10.89.0.1"
-	)
 	tmp := t.TempDir()
 	srv := netpooltest.Peer(t, tmp, "internet", "tinet0", netip.MustParsePrefix("192.0.2.254/24"),
 		netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24"))
@@ -53,15 +54,46 @@ func TestNetwork(t *testing.T) {
 		fmt.Fprintf(w, "hello from %s", r.Host)
 	}))
 
-	dataDir := filepath.Join(tmp, "data")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: "gvisor",
-		ListenHost: "0.0.0.0", Args: []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr, "--net-dns", "192.0.2.53"}})
+	for i, backend := range []string{"gvisor", "qemu"} {
+		t.Run(backend, func(t *testing.T) {
+			switch backend {
+			case "gvisor":
+				needs.Runtime(t, "runsc")
+			case "qemu":
+				needs.Command(t, "qemu-system-x86_64", "qemu-img")
+				img, err := cimage.Lookup(imageDir(), "desktop")
+				if err == nil {
+					_, err = cimage.LookupVM(img.RootFS)
+				}
+				if err != nil {
+					needs.Skip(t, "needs the desktop image's VM form (rebuild it: cubicle image build desktop): %v", err)
+				}
+			}
+			testNetwork(t, backend, fmt.Sprintf("cbe2e%d", i), fmt.Sprintf("10.89.%d.0/24", i))
+		})
+	}
+}
+
+// testNetwork checks one backend: sandboxes with egress none and with an
+// allow-list, then (after destroying the first, whose address the next
+// one reuses) one with egress all.
+func testNetwork(t *testing.T, backend, bridge, cidr string) {
+	prefix := netip.MustParsePrefix(cidr)
+	gw := prefix.Addr().Next().String()
+	// Not t.TempDir: the VM's socket paths must stay short.
+	dataDir, err := os.MkdirTemp("", "cubicle-e2e-net-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend,
+		ListenHost: "0.0.0.0", Args: []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr, "--net-dns", "192.0.2.53"}})
+	if err != nil {
+		os.RemoveAll(dataDir)
+		t.Fatal(err)
+	}
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
 	t.Cleanup(func() {
 		if sbs, err := c.List(context.Background(), client.ListOptions{}); err == nil {
 			for _, sb := range sbs {
@@ -77,24 +109,30 @@ func TestNetwork(t *testing.T) {
 		for _, m := range regexp.MustCompile(`"msg":"network attached".*?"ms":(\d+)`).FindAllStringSubmatch(string(log), -1) {
 			ms = append(ms, m[1]+"ms")
 		}
-		t.Logf("network attach times (netns + veth + rules): %v", ms)
+		t.Logf("network attach times: %v", ms)
+		os.RemoveAll(dataDir)
 	})
 	apiPort := d.Addr[strings.LastIndex(d.Addr, ":")+1:]
 
-	create := func(n *client.Network) client.Sandbox {
-		t.Helper()
-		sb, err := c.Create(context.Background(), client.CreateRequest{Backend: "gvisor", Network: n})
+	create := func(n *client.Network) (client.Sandbox, error) {
+		t0 := time.Now()
+		req := client.CreateRequest{Backend: backend, Network: n}
+		if backend == "qemu" {
+			req.MemoryMB, req.Resolution = 768, &client.Resolution{Width: 800, Height: 600}
+		}
+		sb, err := c.Create(context.Background(), req)
 		if err != nil {
-			t.Fatalf("create: %v", err)
+			return sb, fmt.Errorf("create: %w", err)
 		}
-		if !netip.MustParsePrefix(cidr).Contains(netip.MustParseAddr(sb.IP)) || sb.IP == gw {
-			t.Fatalf("sandbox IP %q not a guest address of %s", sb.IP, cidr)
+		t.Logf("sandbox %s (%s) at %s ready in %s", sb.ID, sb.Isolation, sb.IP, time.Since(t0).Round(time.Millisecond))
+		if !prefix.Contains(netip.MustParseAddr(sb.IP)) || sb.IP == gw {
+			return sb, fmt.Errorf("sandbox IP %q not a guest address of %s", sb.IP, cidr)
 		}
-		return sb
+		return sb, nil
 	}
 	sh := func(id, script string) string {
 		t.Helper()
-		res, err := c.Exec(context.Background(), id, client.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutSeconds: 30})
+		res, err := c.Exec(context.Background(), id, client.ExecRequest{Argv: []string{"bash", "-c", script}, TimeoutSeconds: 60})
 		if err != nil {
 			t.Fatalf("exec %q: %v", script, err)
 		}
@@ -106,49 +144,80 @@ func TestNetwork(t *testing.T) {
 		return sh(id, fmt.Sprintf("timeout 3 bash -c 'echo > /dev/tcp/%s/%s' 2>/dev/null && echo open || echo closed", host, port))
 	}
 	get := func(id, host string) string {
-		return sh(id, fmt.Sprintf(`timeout 5 bash -c 'exec 3<>/dev/tcp/%s/8080; printf "GET / HTTP/1.0\r\nHost: %s\r\n\r\n" >&3; cat <&3' 2>&1 | tail -n 1`, host, host))
+		return sh(id, fmt.Sprintf(`timeout 10 bash -c 'exec 3<>/dev/tcp/%s/8080; printf "GET / HTTP/1.0\r\nHost: %s\r\n\r\n" >&3; cat <&3' 2>&1 | tail -n 1`, host, host))
+	}
+	check := func(cases []struct{ name, id, addr, want string }) {
+		t.Helper()
+		for _, tc := range cases {
+			if got := probe(tc.id, tc.addr); got != tc.want {
+				t.Errorf("%s (%s): %s, want %s", tc.name, tc.addr, got, tc.want)
+			}
+		}
+	}
+	// destroy destroys sb and checks that nothing of it is left.
+	destroy := func(sb client.Sandbox) {
+		t.Helper()
+		ports, links := bridgePorts(t, bridge), hostLinks(t)
+		if err := c.Destroy(context.Background(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		assertNetGone(t, dataDir, sb)
+		if got := bridgePorts(t, bridge); got != ports-1 {
+			t.Errorf("%s: bridge ports %d after destroy, want %d", sb.ID, got, ports-1)
+		}
+		after := hostLinks(t)
+		if gone := slices.DeleteFunc(slices.Clone(links), func(l string) bool { return slices.Contains(after, l) }); len(gone) != 1 || len(after) != len(links)-1 {
+			t.Errorf("%s: sandbox links before destroy %v, after %v: want exactly one gone", sb.ID, links, after)
+		}
+		if p := hostQEMU(sb.ID); len(p) > 0 {
+			t.Errorf("%s: qemu still running: %v", sb.ID, p)
+		}
+		assertNoTrace(t, d, backend, sb.ID)
 	}
 
-	none := create(&client.Network{Egress: client.EgressNone})
-	allow := create(&client.Network{Allow: []string{"192.0.2.1/32"}})
-	all := create(&client.Network{Egress: client.EgressAll})
-	t.Logf("sandboxes: none %s, allow %s, all %s", none.IP, allow.IP, all.IP)
-	if ips := []string{none.IP, allow.IP, all.IP}; len(slices.Compact(slices.Sorted(slices.Values(ips)))) != 3 {
-		t.Fatalf("addresses not distinct: %v", ips)
+	// Two at once: egress none and an allow-list.
+	var none, allow client.Sandbox
+	var errNone, errAllow error
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); none, errNone = create(&client.Network{Egress: client.EgressNone}) }()
+	go func() { defer wg.Done(); allow, errAllow = create(&client.Network{Allow: []string{"192.0.2.1/32"}}) }()
+	wg.Wait()
+	if err := errors.Join(errNone, errAllow); err != nil {
+		t.Fatal(err)
 	}
-	if got := sh(none.ID, "cat /etc/resolv.conf"); got != "nameserver 192.0.2.53" {
+	if none.IP == allow.IP {
+		t.Fatalf("addresses not distinct: %s, %s", none.IP, allow.IP)
+	}
+	if got := sh(none.ID, "grep -v '^#' /etc/resolv.conf"); got != "nameserver 192.0.2.53" {
 		t.Errorf("resolv.conf = %q", got)
 	}
+	// The guest's NIC has the MAC the bridge's anti-spoofing rules expect
+	// of its port (a VM's is set by the driver; gVisor's netstack may not
+	// show it in sysfs).
+	if mac := sh(none.ID, "cat /sys/class/net/eth0/address 2>/dev/null"); mac != "" {
+		out, _ := exec.Command("nft", "list", "table", "bridge", "cubicle").CombinedOutput()
+		if !strings.Contains(string(out), "ether saddr != "+mac+" ") {
+			t.Errorf("guest eth0 MAC %s not the one its port's rules expect:\n%s", mac, out)
+		}
+	} else if backend == "qemu" {
+		t.Errorf("VM guest has no eth0")
+	}
 	// A listener in the allow-list sandbox, for the guest ↔ guest check.
-	sh(allow.ID, "(setsid python3 -m http.server 9000 --bind 0.0.0.0 >/dev/null 2>&1 &); for i in $(seq 50); do (echo > /dev/tcp/127.0.0.1/9000) 2>/dev/null && break; sleep 0.1; done")
+	sh(allow.ID, "(setsid python3 -m http.server 9000 --bind 0.0.0.0 >/dev/null 2>&1 &); for i in $(seq 300); do (echo > /dev/tcp/127.0.0.1/9000) 2>/dev/null && break; sleep 0.1; done")
 	if err := netpooltest.Dial("", allow.IP+":9000"); err != nil {
 		t.Errorf("host → guest listener (control): %v", err)
 	}
-
-	for _, tc := range []struct {
-		name, id, addr, want string
-	}{
+	check([]struct{ name, id, addr, want string }{
 		{"none → allowed server", none.ID, "192.0.2.1:8080", "closed"},
 		{"none → other server", none.ID, "192.0.2.2:8080", "closed"},
-		{"allow-list → other server", allow.ID, "192.0.2.2:8080", "closed"},
-		{"all → server 1 (control)", all.ID, "192.0.2.1:8080", "open"},
-		{"all → server 2 (control)", all.ID, "192.0.2.2:8080", "open"},
-		{"all → API on the gateway", all.ID, gw + ":" + apiPort, "closed"},
-		{"all → API on the host's other address", all.ID, "192.0.2.254:" + apiPort, "closed"},
-		{"allow-list → API on the gateway", allow.ID, gw + ":" + apiPort, "closed"},
 		{"none → API on the gateway", none.ID, gw + ":" + apiPort, "closed"},
-		{"all → other guest", all.ID, allow.IP + ":9000", "closed"},
 		{"none → other guest", none.ID, allow.IP + ":9000", "closed"},
-	} {
-		if got := probe(tc.id, tc.addr); got != tc.want {
-			t.Errorf("%s (%s): %s, want %s", tc.name, tc.addr, got, tc.want)
-		}
-	}
+		{"allow-list → other server", allow.ID, "192.0.2.2:8080", "closed"},
+		{"allow-list → API on the gateway", allow.ID, gw + ":" + apiPort, "closed"},
+	})
 	if got, want := get(allow.ID, "192.0.2.1"), "hello from 192.0.2.1"; got != want {
 		t.Errorf("allow-list → allowed server: GET = %q, want %q", got, want)
-	}
-	if got := get(all.ID, "192.0.2.2"); got != "hello from 192.0.2.2" {
-		t.Errorf("all → server 2: GET = %q", got)
 	}
 	if resp, err := http.Get(fmt.Sprintf("http://%s:%s/healthz", gw, apiPort)); err != nil {
 		t.Errorf("host → API on the gateway (control): %v", err)
@@ -157,33 +226,33 @@ func TestNetwork(t *testing.T) {
 	}
 
 	// Destroy leaves nothing of the sandbox's network; its address is
-	// reused at once, without conflict.
-	portsBefore := bridgePorts(t, bridge)
-	if err := c.Destroy(context.Background(), none.ID); err != nil {
+	// reused at once, without conflict, by a sandbox with egress all.
+	destroy(none)
+	all, err := create(&client.Network{Egress: client.EgressAll})
+	if err != nil {
 		t.Fatal(err)
 	}
-	assertNetGone(t, dataDir, none)
-	if got := bridgePorts(t, bridge); got != portsBefore-1 {
-		t.Errorf("bridge ports %d after destroy, want %d", got, portsBefore-1)
+	if all.IP != none.IP {
+		t.Errorf("new sandbox got %s, want the released %s", all.IP, none.IP)
 	}
-	reuse := create(&client.Network{Egress: client.EgressAll})
-	if reuse.IP != none.IP {
-		t.Errorf("new sandbox got %s, want the released %s", reuse.IP, none.IP)
+	check([]struct{ name, id, addr, want string }{
+		{"all → server 1 (control)", all.ID, "192.0.2.1:8080", "open"},
+		{"all → API on the gateway", all.ID, gw + ":" + apiPort, "closed"},
+		{"all → API on the host's other address", all.ID, "192.0.2.254:" + apiPort, "closed"},
+		{"all → other guest", all.ID, allow.IP + ":9000", "closed"},
+		{"allow-list after another's destroy → allowed server", allow.ID, "192.0.2.1:8080", "open"},
+	})
+	if got := get(all.ID, "192.0.2.2"); got != "hello from 192.0.2.2" {
+		t.Errorf("all → server 2 on a reused address: GET = %q", got)
 	}
-	if got := get(reuse.ID, "192.0.2.2"); got != "hello from 192.0.2.2" {
-		t.Errorf("sandbox on a reused address: GET = %q", got)
-	}
-	if got := probe(allow.ID, "192.0.2.1:8080"); got != "open" {
-		t.Errorf("allow-list sandbox after another's destroy: %s", got)
-	}
-	for _, sb := range []client.Sandbox{allow, all, reuse} {
-		if err := c.Destroy(context.Background(), sb.ID); err != nil {
-			t.Fatal(err)
-		}
-		assertNetGone(t, dataDir, sb)
+	for _, sb := range []client.Sandbox{allow, all} {
+		destroy(sb)
 	}
 	if got := bridgePorts(t, bridge); got != 0 {
 		t.Errorf("bridge has %d ports after every sandbox is gone", got)
+	}
+	if l := hostLinks(t); len(l) > 0 {
+		t.Errorf("sandbox links left: %v", l)
 	}
 	if out, _ := exec.Command("nft", "list", "ruleset").CombinedOutput(); strings.Contains(string(out), "sb-") {
 		t.Errorf("per-sandbox rules left:\n%s", out)
@@ -192,6 +261,23 @@ func TestNetwork(t *testing.T) {
 	if !strings.Contains(body, "cubicle_netpool_free 253") {
 		t.Errorf("metrics: want cubicle_netpool_free 253 with every address free:\n%s", grepLines(body, "netpool"))
 	}
+}
+
+// hostLinks lists the sandbox links (veth host ends "cbv…", TAPs "cbt…")
+// in the test's namespace.
+func hostLinks(t *testing.T) []string {
+	t.Helper()
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range links {
+		if n := l.Attrs().Name; strings.HasPrefix(n, "cbv") || strings.HasPrefix(n, "cbt") {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // assertNetGone checks that no namespace, state file, rule or neighbour of
@@ -208,7 +294,7 @@ func assertNetGone(t *testing.T, dataDir string, sb client.Sandbox) {
 	if err != nil {
 		t.Errorf("nft: %v: %s", err, out)
 	}
-	if strings.Contains(string(out), sb.ID) || strings.Contains(string(out), sb.IP+" ") {
+	if strings.Contains(string(out), sb.ID) || regexp.MustCompile(`(^|[^0-9.])`+regexp.QuoteMeta(sb.IP)+`([^0-9]|$)`).Match(out) {
 		t.Errorf("%s: rules left:\n%s", sb.ID, out)
 	}
 	if pids := harness.HostProcesses(sb.ID); len(pids) > 0 {
