@@ -2,12 +2,15 @@ package desktop
 
 import (
 	"bytes"
-	"compress/zlib"
 	"encoding/binary"
 	"fmt"
+	"hash/adler32"
 	"hash/crc32"
 	"image"
+	"runtime"
 	"sync"
+
+	"github.com/klauspost/compress/flate"
 )
 
 // rgba is the layout of image.RGBA pixels.
@@ -44,10 +47,6 @@ func encodePNGBytes(pix []byte, stride, w, h int, l pixelLayout) ([]byte, error)
 // encodePNGPix appends w*h pixels of 4 bytes in layout l, rows stride bytes
 // apart, to buf as an RGB PNG.
 func encodePNGPix(buf *bytes.Buffer, pix []byte, stride, w, h int, l pixelLayout) error {
-	e := pngEncoders.Get().(*pngEncoder)
-	defer pngEncoders.Put(e)
-	e.resize(w)
-
 	buf.Write([]byte("\x89PNG\r\n\x1a\n"))
 	var ihdr [13]byte
 	binary.BigEndian.PutUint32(ihdr[0:], uint32(w))
@@ -56,29 +55,40 @@ func encodePNGPix(buf *bytes.Buffer, pix []byte, stride, w, h int, l pixelLayout
 	ihdr[9] = 2 // color type: truecolor
 	writeChunk(buf, "IHDR", ihdr[:])
 
-	// IDAT: compress straight into buf after a length placeholder, then
-	// patch the length and append the CRC.
+	// IDAT: a zlib stream. Its deflate data is made in horizontal strips,
+	// compressed concurrently (each strip ends in a sync flush, the last in
+	// the final block, so their concatenation is one valid deflate stream,
+	// as pigz does); the Adler-32 of the whole is combined from the strips'.
 	start := buf.Len()
-	buf.Write([]byte("\x00\x00\x00\x00IDAT"))
-	e.zw.Reset(buf)
-	clear(e.prev)
-	for y := 0; y < h; y++ {
-		rgb := e.cur[:3*w]
-		l.toRGB(rgb, pix[y*stride:y*stride+w*4])
-		line := e.filter(rgb)
-		if _, err := e.zw.Write(line); err != nil {
-			return err
+	buf.Write([]byte("\x00\x00\x00\x00IDAT\x78\x01"))
+	strips := stripsFor(w, h)
+	parts := make([]*pngStrip, len(strips))
+	var wg sync.WaitGroup
+	for i, st := range strips {
+		parts[i] = pngStrips.Get().(*pngStrip)
+		defer pngStrips.Put(parts[i])
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			parts[i].encode(pix, stride, w, st[0], st[1], st[1] == h, l)
+		}()
+	}
+	wg.Wait()
+	var sum uint32 = 1 // Adler-32 of nothing
+	for _, p := range parts {
+		if p.err != nil {
+			return p.err
 		}
-		e.prev, e.cur = e.cur, e.prev
+		buf.Write(p.out.Bytes())
+		sum = adler32Combine(sum, p.sum, p.n)
 	}
-	if err := e.zw.Close(); err != nil {
-		return err
-	}
+	var tail [4]byte
+	binary.BigEndian.PutUint32(tail[:], sum)
+	buf.Write(tail[:])
 	data := buf.Bytes()[start:]
 	binary.BigEndian.PutUint32(data[0:4], uint32(len(data)-8))
-	var crc [4]byte
-	binary.BigEndian.PutUint32(crc[:], crc32.ChecksumIEEE(data[4:]))
-	buf.Write(crc[:])
+	binary.BigEndian.PutUint32(tail[:], crc32.ChecksumIEEE(data[4:]))
+	buf.Write(tail[:])
 
 	writeChunk(buf, "IEND", nil)
 	return nil
@@ -115,17 +125,95 @@ func writeChunk(buf *bytes.Buffer, typ string, data []byte) {
 	buf.Write(n[:])
 }
 
-// pngEncoder holds the reusable state of encodePNG.
+// pngEncoder holds the reusable row buffers of one strip.
 type pngEncoder struct {
-	zw        *zlib.Writer
 	cur, prev []byte // RGB rows, unfiltered
 	sub, up   []byte // filter byte + row filtered with Sub, Up
 }
 
-var pngEncoders = sync.Pool{New: func() any {
-	zw, _ := zlib.NewWriterLevel(nil, zlib.BestSpeed)
-	return &pngEncoder{zw: zw}
+// pngStrip compresses rows [y0, y1) of an image into out.
+type pngStrip struct {
+	pngEncoder
+	fw  *flate.Writer
+	out bytes.Buffer
+	sum uint32 // Adler-32 of the strip's uncompressed (filtered) bytes
+	n   int64  // their count
+	err error
+}
+
+var pngStrips = sync.Pool{New: func() any {
+	fw, _ := flate.NewWriter(nil, flate.BestSpeed)
+	return &pngStrip{fw: fw}
 }}
+
+func (s *pngStrip) encode(pix []byte, stride, w, y0, y1 int, last bool, l pixelLayout) {
+	s.resize(w)
+	s.out.Reset()
+	s.fw.Reset(&s.out)
+	s.err = nil
+	clear(s.prev)
+	if y0 > 0 { // the Up filter of the first row looks at the row above
+		l.toRGB(s.prev, pix[(y0-1)*stride:(y0-1)*stride+w*4])
+	}
+	ad := adler32.New()
+	s.n = 0
+	for y := y0; y < y1; y++ {
+		l.toRGB(s.cur, pix[y*stride:y*stride+w*4])
+		line := s.filter(s.cur)
+		ad.Write(line)
+		s.n += int64(len(line))
+		if _, err := s.fw.Write(line); err != nil {
+			s.err = err
+			return
+		}
+		s.prev, s.cur = s.cur, s.prev
+	}
+	s.sum = ad.Sum32()
+	if last {
+		s.err = s.fw.Close()
+	} else {
+		s.err = s.fw.Flush()
+	}
+}
+
+// stripsFor splits h rows into one strip per CPU (at most 4), or one for
+// small images where a goroutine costs more than it saves.
+func stripsFor(w, h int) [][2]int {
+	n := min(runtime.GOMAXPROCS(0), 4)
+	if w*h < 256*256 || n < 2 {
+		n = 1
+	}
+	out := make([][2]int, 0, n)
+	for i := 0; i < n; i++ {
+		out = append(out, [2]int{h * i / n, h * (i + 1) / n})
+	}
+	return out
+}
+
+// adler32Combine returns the Adler-32 of the concatenation of two byte
+// sequences from their checksums a and b and the length n of the second
+// (the arithmetic is that of zlib's adler32_combine).
+func adler32Combine(a, b uint32, n int64) uint32 {
+	const base = 65521
+	rem := uint32(n % base)
+	s1 := a & 0xffff
+	s2 := uint32((uint64(rem) * uint64(s1)) % base)
+	s1 += (b & 0xffff) + base - 1
+	s2 += (a >> 16) + (b >> 16) + base - rem
+	if s1 >= base {
+		s1 -= base
+	}
+	if s1 >= base {
+		s1 -= base
+	}
+	if s2 >= 2*base {
+		s2 -= 2 * base
+	}
+	if s2 >= base {
+		s2 -= base
+	}
+	return s1 | s2<<16
+}
 
 func (e *pngEncoder) resize(w int) {
 	if cap(e.cur) < 3*w {
