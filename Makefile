@@ -36,7 +36,9 @@ test: deps image unit fuzz
 
 unit:
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 30m ./...
+	# -p 1: the end-to-end packages start desktops and VMs; run one package
+	# at a time so that a 2-core machine does not turn timing into flakes.
+	$(GO) test -p 1 -count=1 -timeout 30m ./...
 
 # e2e runs the end-to-end suite; BACKEND=firecracker (on a KVM host) or
 # BACKEND=qemu runs the desktop flow on that backend instead of gvisor+runc.
