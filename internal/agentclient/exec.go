@@ -203,10 +203,12 @@ func (c *Client) Exec(ctx context.Context, req ExecRequest, out func(stream stri
 			return res, nil
 		}
 	}
+	// The stream broke before the end event: the caller's context ended
+	// (connect-go's own timer can fire just before ctx reports it, so ctx.Err
+	// is no test) or the channel failed. Nobody will see the outcome, so
+	// the command is killed rather than left running unattended.
 	err = stream.Err()
-	if ctx.Err() != nil {
-		kill()
-	}
+	kill()
 	if err == nil {
 		err = errors.New("stream ended without an end event")
 	}

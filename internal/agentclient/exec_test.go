@@ -160,8 +160,7 @@ func TestExecCancel(t *testing.T) {
 	if err == nil {
 		t.Fatal("Exec outlived its context")
 	}
-	// Generous: on a loaded machine the kill can take seconds to land.
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
 		list, err := c.Process.List(context.Background(), connect.NewRequest(&pb.ListRequest{}))
 		if err != nil {
