@@ -43,7 +43,8 @@ unit:
 # e2e runs the end-to-end suite; BACKEND=firecracker (on a KVM host) or
 # BACKEND=qemu runs the desktop flow on that backend instead of gvisor+runc.
 e2e: deps image
-	CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -count=1 -timeout 30m -v ./test/e2e/...
+	BACKEND=$(BACKEND) CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -p 1 -count=1 -timeout 30m -v ./test/e2e/... \
+		$(if $(filter firecracker,$(BACKEND)),./internal/driver/firecracker/...)
 
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)
