@@ -10,20 +10,10 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 )
-
-// cleanupStack runs registered undo steps in reverse unless released.
-type cleanupStack struct{ fns []func() }
-
-func (c *cleanupStack) add(f func()) { c.fns = append(c.fns, f) }
-func (c *cleanupStack) release()     { c.fns = nil }
-func (c *cleanupStack) clean() {
-	for i := len(c.fns) - 1; i >= 0; i-- {
-		c.fns[i]()
-	}
-	c.fns = nil
-}
 
 // Create boots a VM from spec: it prepares the jail (a copy-on-write copy
 // of the image's disk, links to its kernel and initramfs, the config drive,
@@ -50,8 +40,8 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		ctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
 	}
-	var cu cleanupStack
-	defer cu.clean()
+	var cu cleanup.Stack
+	defer cu.Run()
 
 	p := d.paths(spec.ID)
 	for _, s := range []string{apiSockName, vsockName + "_4294967295"} {
@@ -68,7 +58,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		}
 		return nil, err
 	}
-	cu.add(func() { os.RemoveAll(p.JailDir) })
+	cu.Add(func() { os.RemoveAll(p.JailDir) })
 	// The jailer makes root/ too and chowns it to UID:GID; make it first
 	// so the files can be put in before Firecracker starts.
 	if err := os.Mkdir(p.Root, 0o700); err != nil {
@@ -121,26 +111,26 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	cmd := d.jailerCommand(spec.ID, netns, spec.MemoryMB, version)
 	mounts, _ := os.ReadFile("/proc/self/mounts")
 	cgroups := cgroupDirs(mounts, version, d.cfg.ParentCgroup, spec.ID, cgroupControllers(cmd.Args[1:]))
-	cu.add(func() { removeCgroups(cgroups) })
+	cu.Add(func() { removeCgroups(cgroups) })
 	pid, err := d.launch(ctx, cmd, p)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
 	st, ok := processStart(pid)
 	if !ok {
-		return nil, fmt.Errorf("create %s: firecracker (pid %d) exited at once\n%s", spec.ID, pid, tailFile(p.Console, 20))
+		return nil, fmt.Errorf("create %s: firecracker (pid %d) exited at once\n%s", spec.ID, pid, hostfile.Tail(p.Console, 20))
 	}
 	b := newBox(d, boxData{
 		ID: spec.ID, Pid: pid, StartTime: st, JailDir: p.JailDir,
 		APISocket: p.host(apiSockName), Vsock: p.host(vsockName), Disk: p.host(diskName), Cgroups: cgroups,
 	})
-	cu.add(func() {
+	cu.Add(func() {
 		b.kill()
 		b.stopWatch()
 	})
 	c := newClient(b.data.APISocket)
 	if err := waitAPI(ctx, c, b.dead); err != nil {
-		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, tailFile(p.Console, 20))
+		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, hostfile.Tail(p.Console, 20))
 	}
 	vc := vmConfig{
 		LogPath: logName, LogLevel: d.cfg.LogLevel, MetricsPath: metricsName,
@@ -157,7 +147,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, tailFiles(p, 20))
 	}
 	d.register(b)
-	cu.release()
+	cu.Release()
 	return b, nil
 }
 
@@ -177,7 +167,7 @@ func touch(path string, uid, gid int) error {
 func tailFiles(p paths, n int) string {
 	var parts []string
 	for _, f := range []string{p.Console, p.host(logName)} {
-		if t := tailFile(f, n); t != "" {
+		if t := hostfile.Tail(f, n); t != "" {
 			parts = append(parts, t)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 
 	sdk "github.com/firecracker-microvm/firecracker-go-sdk"
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 )
 
 // Files inside a VM's chroot, as Firecracker (jailed) sees them.
@@ -192,61 +194,23 @@ func (d *Driver) launchJailer(ctx context.Context, cmd *exec.Cmd, p paths) (int,
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }() // reaps the jailer; it exits after the clone
 	for {
-		if pid, err := readPid(p.PidFile); err == nil {
+		if pid, err := hostfile.ReadPid(p.PidFile); err == nil {
 			return pid, nil
 		}
 		select {
 		case err := <-exited:
 			if err == nil {
 				time.Sleep(10 * time.Millisecond) // the write may just have landed
-				if pid, err := readPid(p.PidFile); err == nil {
+				if pid, err := hostfile.ReadPid(p.PidFile); err == nil {
 					return pid, nil
 				}
 				err = fmt.Errorf("exited without writing %s", p.PidFile)
 			}
-			return 0, fmt.Errorf("jailer: %w\n%s", err, tailFile(p.Console, 20))
+			return 0, fmt.Errorf("jailer: %w\n%s", err, hostfile.Tail(p.Console, 20))
 		case <-ctx.Done():
 			cmd.Process.Kill()
 			return 0, fmt.Errorf("jailer: %w", ctx.Err())
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-}
-
-func readPid(path string) (int, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("bad pid file %s: %q", path, data)
-	}
-	return pid, nil
-}
-
-// tailFile returns the last n lines of path (at most its last 64 KiB), for
-// error messages.
-func tailFile(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > 64<<10 {
-		f.Seek(fi.Size()-64<<10, 0)
-	}
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	if len(lines) == 0 {
-		return ""
-	}
-	return filepath.Base(path) + ":\n" + strings.Join(lines, "\n")
 }

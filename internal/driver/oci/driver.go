@@ -24,24 +24,23 @@
 package oci
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 )
 
 // Config configures a Driver.
@@ -189,18 +188,6 @@ func checkCgroups() error {
 // (sizeof(sun_path) - 1).
 const maxSocketPath = 107
 
-// cleanupStack runs registered undo steps in reverse unless released.
-type cleanupStack struct{ fns []func() }
-
-func (c *cleanupStack) add(f func()) { c.fns = append(c.fns, f) }
-func (c *cleanupStack) release()     { c.fns = nil }
-func (c *cleanupStack) clean() {
-	for i := len(c.fns) - 1; i >= 0; i-- {
-		c.fns[i]()
-	}
-	c.fns = nil
-}
-
 // Create starts a box from spec and waits until its agent accepts
 // connections on its socket, bounded by ctx (or two minutes when ctx has no
 // deadline). On error everything it made is removed again.
@@ -228,8 +215,8 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		defer cancel()
 	}
 	teardown := context.WithoutCancel(ctx)
-	var cu cleanupStack
-	defer cu.clean()
+	var cu cleanup.Stack
+	defer cu.Run()
 
 	if err := os.MkdirAll(d.cfg.StateDir, 0o700); err != nil {
 		return nil, err
@@ -244,7 +231,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		}
 		return nil, err
 	}
-	cu.add(func() { removeBoxDir(dir) })
+	cu.Add(func() { removeBoxDir(dir) })
 	bundle := filepath.Join(dir, "bundle")
 	rootfs := filepath.Join(bundle, "rootfs")
 	runDir := filepath.Join(dir, "run")
@@ -278,7 +265,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	}
 	defer console.Close()
 	pidFile := filepath.Join(dir, "pid")
-	cu.add(func() { d.deleteContainer(teardown, spec.ID) })
+	cu.Add(func() { d.deleteContainer(teardown, spec.ID) })
 	netns := ""
 	if spec.Net != nil {
 		netns = spec.Net.Netns
@@ -289,18 +276,18 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("create %s: %s run: %w\n%s", spec.ID, d.cfg.Runtime, err, tailFile(filepath.Join(dir, "console.log"), 20))
+		return nil, fmt.Errorf("create %s: %s run: %w\n%s", spec.ID, d.cfg.Runtime, err, hostfile.Tail(filepath.Join(dir, "console.log"), 20))
 	}
-	pid, err := readPid(pidFile)
+	pid, err := hostfile.ReadPid(pidFile)
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
 	b := newBox(d, boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image})
-	cu.add(func() { b.stopWatch() })
+	cu.Add(func() { b.stopWatch() })
 	if err := b.waitAgent(ctx); err != nil {
-		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, tailFile(filepath.Join(dir, "console.log"), 20))
+		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, hostfile.Tail(filepath.Join(dir, "console.log"), 20))
 	}
-	cu.release()
+	cu.Release()
 	return b, nil
 }
 
@@ -450,43 +437,6 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 func isNotExist(err error) bool {
 	s := err.Error()
 	return strings.Contains(s, "does not exist") || strings.Contains(s, "not exist") || strings.Contains(s, "not found")
-}
-
-func readPid(path string) (int, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, fmt.Errorf("read pid file: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return 0, fmt.Errorf("bad pid file %s: %q", path, data)
-	}
-	return pid, nil
-}
-
-// tailFile returns the last n lines of path, for error messages.
-func tailFile(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > 64<<10 {
-		f.Seek(fi.Size()-64<<10, io.SeekStart)
-	}
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	if len(lines) == 0 {
-		return ""
-	}
-	return filepath.Base(path) + ":\n" + strings.Join(lines, "\n")
 }
 
 // dialAgent connects to the agent socket in dir.

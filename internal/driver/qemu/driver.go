@@ -25,14 +25,12 @@
 package qemu
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"debug/elf"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -46,7 +44,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 	"github.com/cubicle-dev/cubicle/internal/image"
 )
 
@@ -267,18 +267,6 @@ func cpuHasVirt() bool {
 	return false
 }
 
-// cleanupStack runs registered undo steps in reverse unless released.
-type cleanupStack struct{ fns []func() }
-
-func (c *cleanupStack) add(f func()) { c.fns = append(c.fns, f) }
-func (c *cleanupStack) release()     { c.fns = nil }
-func (c *cleanupStack) clean() {
-	for i := len(c.fns) - 1; i >= 0; i-- {
-		c.fns[i]()
-	}
-	c.fns = nil
-}
-
 // maxSocketPath is the longest unix socket path Linux accepts.
 const maxSocketPath = 107
 
@@ -401,8 +389,8 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		defer cancel()
 	}
 	teardown := context.WithoutCancel(ctx)
-	var cu cleanupStack
-	defer cu.clean()
+	var cu cleanup.Stack
+	defer cu.Run()
 
 	initrd, err := image.Initramfs(vm, d.cfg.AgentBinary, filepath.Join(d.cfg.StateDir, "initramfs"))
 	if err != nil {
@@ -418,7 +406,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		}
 		return nil, err
 	}
-	cu.add(func() { os.RemoveAll(dir) })
+	cu.Add(func() { os.RemoveAll(dir) })
 	if err := d.makeOverlay(ctx, vm.Disk, filepath.Join(dir, "overlay.qcow2")); err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
@@ -451,7 +439,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		return nil, fmt.Errorf("create %s: start qemu: %w", spec.ID, err)
 	}
 	pid := cmd.Process.Pid
-	cu.add(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	cu.Add(func() { syscall.Kill(pid, syscall.SIGKILL) })
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }() // reap our child
 	data := boxData{ID: spec.ID, Pid: pid, Dir: dir, Image: vm.Dir, Initramfs: initrd, KVM: kvm, StartTime: procStartTime(pid)}
@@ -459,12 +447,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		return nil, err
 	}
 	b := newBox(d, data, exited)
-	cu.add(func() { b.Stop(teardown) })
+	cu.Add(func() { b.Stop(teardown) })
 	if err := b.waitAgent(ctx); err != nil {
 		return nil, fmt.Errorf("create %s: %w\n%s\n%s", spec.ID, err,
-			tailFile(filepath.Join(dir, "qemu.log"), 10), tailFile(filepath.Join(dir, "console.log"), 20))
+			hostfile.Tail(filepath.Join(dir, "qemu.log"), 10), hostfile.Tail(filepath.Join(dir, "console.log"), 20))
 	}
-	cu.release()
+	cu.Release()
 	return b, nil
 }
 
@@ -588,31 +576,6 @@ func waitGone(pid int, startTime uint64, timeout time.Duration) bool {
 		}
 	}
 	return !running(pid, startTime)
-}
-
-// tailFile returns the last n lines of path, for error messages.
-func tailFile(path string, n int) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if fi, err := f.Stat(); err == nil && fi.Size() > 64<<10 {
-		f.Seek(fi.Size()-64<<10, io.SeekStart)
-	}
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	if len(lines) == 0 {
-		return ""
-	}
-	return filepath.Base(path) + ":\n" + strings.Join(lines, "\n")
 }
 
 // dialUnix connects to a unix socket.
