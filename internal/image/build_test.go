@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/images"
+	"github.com/cubicle-dev/cubicle/internal/mountinfo"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
@@ -43,7 +44,7 @@ func TestBuildDesktop(t *testing.T) {
 	if st := fi.Sys().(*syscall.Stat_t); st.Uid != 1000 || fi.Mode().Perm() != 0o700 {
 		t.Errorf("/home/user/.config/chromium: uid %d mode %v, want 1000 0700", st.Uid, fi.Mode())
 	}
-	if mps, _ := mountsUnder(dir); len(mps) != 0 {
+	if mps, _ := mountinfo.Under(dir); len(mps) != 0 {
 		t.Errorf("mounts left under %s: %v", dir, mps)
 	}
 	got, err := Lookup(dir, "desktop")

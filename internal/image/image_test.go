@@ -332,9 +332,3 @@ func TestReplaceKeepsMountedVersion(t *testing.T) {
 	}
 	assertNoWork(t, dir)
 }
-
-func TestUnescapeMount(t *testing.T) {
-	if got := unescapeMount(`/a\040b\011c`); got != "/a b\tc" {
-		t.Errorf("got %q", got)
-	}
-}

@@ -1,16 +1,15 @@
 package oci
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/mountinfo"
 )
 
 // mountOverlay mounts an overlay of lower (read-only) and upper at merged.
@@ -27,46 +26,7 @@ func mountOverlay(lower, upper, work, merged string) error {
 
 // MountsUnder returns the mount points at or below dir, deepest first, read
 // from /proc/self/mountinfo. Tests use it to check for leaks.
-func MountsUnder(dir string) ([]string, error) {
-	dir = filepath.Clean(dir)
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMount(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, sc.Err()
-}
-
-// unescapeMount undoes the octal escapes (\040 etc.) of mountinfo paths.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+func MountsUnder(dir string) ([]string, error) { return mountinfo.Under(dir) }
 
 // unmount unmounts mp, retrying while it is busy (a runtime process may
 // still be exiting) and detaching it lazily as a last resort.
