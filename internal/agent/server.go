@@ -2,7 +2,8 @@
 // inside every sandbox: one HTTP handler serving the desktop, process and
 // filesystem Connect RPC services (process and filesystem wire-compatible
 // with E2B's envd, so the E2B data plane is a plain forward), envd's REST
-// /files endpoint and /health, behind the per-sandbox token check. It serves
+// /files endpoint, /health and /forward (a byte stream to a port on the
+// sandbox's loopback), behind the per-sandbox token check. It serves
 // HTTP/1.1 and cleartext HTTP/2 on a unix socket and optionally TCP.
 //
 // Only cmd/cubicle-agent imports it. It must stay free of cgo and of the
@@ -123,6 +124,7 @@ func New(opts Options) (*Server, error) {
 	mux.Handle(processconnect.NewProcessHandler(s.Process, interceptors))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(s.Files, interceptors))
 	mux.Handle("/files", s.Files.Files())
+	mux.HandleFunc("GET /forward", s.forward)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})

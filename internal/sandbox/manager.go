@@ -92,6 +92,7 @@ type entry struct {
 	cancel     context.CancelFunc // cancels the start while starting
 	started    chan struct{}      // closed when the start attempt has ended
 	stopOnce   sync.Once
+	ending     chan struct{} // closed when teardown begins: live viewers leave
 	stopped    chan struct{} // closed when teardown has finished
 }
 
@@ -180,7 +181,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		log := m.log.With("sandbox", id)
 		switch r.Sandbox.State {
 		case StateStopped, StateFailed:
-			m.entries[id] = &entry{rec: r, started: closedChan(), stopped: closedChan()}
+			m.entries[id] = &entry{rec: r, started: closedChan(), ending: closedChan(), stopped: closedChan()}
 			continue
 		}
 		d, ok := m.cfg.Drivers[r.Sandbox.Backend]
@@ -204,10 +205,10 @@ func (m *Manager) recover(ctx context.Context) error {
 			if err := m.store.put(r); err != nil {
 				return err
 			}
-			m.entries[id] = &entry{rec: r, started: closedChan(), stopped: closedChan()}
+			m.entries[id] = &entry{rec: r, started: closedChan(), ending: closedChan(), stopped: closedChan()}
 			continue
 		}
-		e := &entry{rec: r, box: box, lastActive: r.Sandbox.LastActiveAt, started: closedChan(), stopped: make(chan struct{})}
+		e := &entry{rec: r, box: box, lastActive: r.Sandbox.LastActiveAt, started: closedChan(), ending: make(chan struct{}), stopped: make(chan struct{})}
 		e.client = agentclient.New(box.DialAgent, r.Token)
 		m.entries[id] = e
 		if keep[r.Sandbox.Backend] == nil {
@@ -368,7 +369,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		rec.Sandbox.ExpiresAt = now.Add(life)
 	}
 	sctx, cancel := context.WithTimeout(m.ctx, m.cfg.ReadyTimeout)
-	e := &entry{rec: rec, lastActive: now, cancel: cancel, started: make(chan struct{}), stopped: make(chan struct{})}
+	e := &entry{rec: rec, lastActive: now, cancel: cancel, started: make(chan struct{}), ending: make(chan struct{}), stopped: make(chan struct{})}
 
 	m.mu.Lock()
 	if n := m.activeLocked(); n >= m.cfg.MaxSandboxes {
@@ -563,6 +564,7 @@ func (m *Manager) teardown(e *entry, reason string) {
 			return
 		}
 		e.rec.Sandbox.State = StateStopping
+		close(e.ending)
 		if e.cancel != nil {
 			e.cancel()
 		}
@@ -714,6 +716,33 @@ func (m *Manager) Agent(ctx context.Context, id string) (*agentclient.Client, er
 	}
 	e.lastActive = m.cfg.Clock.Now()
 	return e.client, nil
+}
+
+// Watch returns the agent client of a running sandbox without marking it
+// active, and a channel that is closed as soon as the sandbox begins to stop.
+// Long-lived streams (the live view) use it: watching a desktop is not, by
+// default, activity that keeps a sandbox from its idle timeout.
+func (m *Manager) Watch(ctx context.Context, id string) (*agentclient.Client, <-chan struct{}, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[id]
+	if !ok {
+		return nil, nil, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if e.rec.Sandbox.State != StateRunning || e.client == nil {
+		return nil, nil, errdefs.Conflict("sandbox %s is %s, not running", id, e.rec.Sandbox.State)
+	}
+	return e.client, e.ending, nil
+}
+
+// Touch marks a sandbox active (its idle timer restarts). Unknown or
+// stopped sandboxes are ignored.
+func (m *Manager) Touch(ctx context.Context, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.entries[id]; ok && e.rec.Sandbox.State == StateRunning {
+		e.lastActive = m.cfg.Clock.Now()
+	}
 }
 
 // Backends reports every configured backend and whether it can run here.

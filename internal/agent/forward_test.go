@@ -1,0 +1,187 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
+)
+
+// echoServer listens on the loopback and upper-cases what it reads, line by
+// line; it returns the port.
+func echoServer(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					if _, err := io.WriteString(c, strings.ToUpper(sc.Text())+"\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func TestForward(t *testing.T) {
+	sock := serve(t, "tok")
+	port := echoServer(t)
+	c := client(sock, "tok")
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Several streams at once, each a full duplex conversation.
+	for i := 0; i < 3; i++ {
+		s, err := c.Forward(ctx, port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := bufio.NewReader(s)
+		for _, line := range []string{"hello", "vnc bytes"} {
+			if _, err := io.WriteString(s, line+"\n"); err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := strings.ToUpper(line) + "\n"; got != want {
+				t.Fatalf("got %q, want %q", got, want)
+			}
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestForwardErrors(t *testing.T) {
+	sock := serve(t, "tok")
+	port := echoServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// A closed port: bind one and release it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+
+	good := client(sock, "tok")
+	defer good.Close()
+	bad := client(sock, "wrong")
+	defer bad.Close()
+	tests := []struct {
+		name string
+		c    *agentclient.Client
+		port int
+		code int
+	}{
+		{"wrong token", bad, port, http.StatusUnauthorized},
+		{"nothing listening", good, closed, http.StatusBadGateway},
+		{"port zero", good, 0, http.StatusBadRequest},
+		{"port too big", good, 70000, http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := tt.c.Forward(ctx, tt.port)
+			if err == nil {
+				s.Close()
+				t.Fatal("forward succeeded")
+			}
+			var se *agentclient.StatusError
+			if !errors.As(err, &se) || se.Code != tt.code {
+				t.Fatalf("err = %v, want status %d", err, tt.code)
+			}
+		})
+	}
+
+	// Without the upgrade headers the endpoint refuses.
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/forward?port=1", nil)
+	resp, err := good.HTTP.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("plain GET /forward: %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestForwardClosesBoth checks that when the service inside closes, the
+// daemon's side sees EOF, and when the daemon closes, the service does.
+func TestForwardClosesBoth(t *testing.T) {
+	sock := serve(t, "tok")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 2)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	c := client(sock, "tok")
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	port := ln.Addr().(*net.TCPAddr).Port
+
+	// Service closes: the stream ends.
+	s, err := c.Forward(ctx, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := <-accepted
+	up.Close()
+	done := make(chan error, 1)
+	go func() { _, err := io.ReadAll(s); done <- err }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stream still open after the service closed")
+	}
+	s.Close()
+
+	// Daemon closes: the service reads EOF.
+	s, err = c.Forward(ctx, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up = <-accepted
+	s.Close()
+	_ = up.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadAll(up); err != nil {
+		t.Fatalf("service side: %v (want EOF)", err)
+	}
+	up.Close()
+}
