@@ -200,8 +200,25 @@ func TestCreateGetDestroy(t *testing.T) {
 	if _, err := m.Agent(ctx, sb.ID); err != nil {
 		t.Fatalf("Agent: %v", err)
 	}
+	_, ending, err := m.Watch(ctx, sb.ID)
+	if err != nil {
+		t.Fatalf("Watch: %v", err)
+	}
+	select {
+	case <-ending:
+		t.Fatal("ending closed while running")
+	default:
+	}
 	if err := m.Destroy(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	select {
+	case <-ending:
+	default:
+		t.Error("ending still open after destroy")
+	}
+	if _, _, err := m.Watch(ctx, sb.ID); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("Watch on stopped sandbox: %v, want conflict", err)
 	}
 	if d.live() != 0 {
 		t.Errorf("live boxes after destroy = %d, want 0", d.live())
@@ -262,15 +279,17 @@ func TestReaper(t *testing.T) {
 		name      string
 		req       CreateRequest
 		advance   time.Duration
-		touch     bool // use the sandbox halfway
+		touch     string // "agent" (an API call) or "watch"/"touch" halfway
 		wantState State
 	}{
-		{"fresh stays", CreateRequest{}, 30 * time.Second, false, StateRunning},
-		{"idle reaped", CreateRequest{}, 61 * time.Second, false, StateStopped},
-		{"activity resets idle", CreateRequest{}, 61 * time.Second, true, StateRunning},
-		{"custom idle", CreateRequest{IdleTimeoutSeconds: 10}, 11 * time.Second, false, StateStopped},
-		{"expired", CreateRequest{TimeoutSeconds: 20, IdleTimeoutSeconds: 3600}, 21 * time.Second, false, StateStopped},
-		{"timeout capped by max lifetime", CreateRequest{TimeoutSeconds: 7200, IdleTimeoutSeconds: 7200}, 61 * time.Minute, false, StateStopped},
+		{"fresh stays", CreateRequest{}, 30 * time.Second, "", StateRunning},
+		{"idle reaped", CreateRequest{}, 61 * time.Second, "", StateStopped},
+		{"activity resets idle", CreateRequest{}, 61 * time.Second, "agent", StateRunning},
+		{"watching is not activity", CreateRequest{}, 61 * time.Second, "watch", StateStopped},
+		{"touch resets idle", CreateRequest{}, 61 * time.Second, "touch", StateRunning},
+		{"custom idle", CreateRequest{IdleTimeoutSeconds: 10}, 11 * time.Second, "", StateStopped},
+		{"expired", CreateRequest{TimeoutSeconds: 20, IdleTimeoutSeconds: 3600}, 21 * time.Second, "", StateStopped},
+		{"timeout capped by max lifetime", CreateRequest{TimeoutSeconds: 7200, IdleTimeoutSeconds: 7200}, 61 * time.Minute, "", StateStopped},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -285,10 +304,17 @@ func TestReaper(t *testing.T) {
 			}
 			half := tt.advance / 2
 			clock.Advance(half)
-			if tt.touch {
+			switch tt.touch {
+			case "agent":
 				if _, err := m.Agent(ctx, sb.ID); err != nil {
 					t.Fatal(err)
 				}
+			case "watch":
+				if _, _, err := m.Watch(ctx, sb.ID); err != nil {
+					t.Fatal(err)
+				}
+			case "touch":
+				m.Touch(ctx, sb.ID)
 			}
 			m.Reap()
 			clock.Advance(tt.advance - half)
