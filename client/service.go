@@ -67,6 +67,8 @@ type ViewRequest struct {
 type View struct {
 	URL       string    `json:"url"`
 	ExpiresAt time.Time `json:"expires_at"`
+	// ViewOnly is whether the link forbids input.
+	ViewOnly bool `json:"view_only"`
 }
 
 // UnmarshalJSON decodes a View, taking an empty expires_at for the zero

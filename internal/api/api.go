@@ -12,6 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/viewtoken"
 )
 
 // Manager is what the API needs of the sandbox manager (internal/sandbox).
@@ -33,6 +34,11 @@ type Manager interface {
 	// (idle timer reset). errdefs.ErrNotFound for unknown ids, ErrConflict
 	// when not running.
 	Agent(ctx context.Context, id string) (*agentclient.Client, error)
+	// Watch returns the agent client of a running sandbox without marking
+	// it active, and a channel closed when the sandbox begins to stop.
+	Watch(ctx context.Context, id string) (*agentclient.Client, <-chan struct{}, error)
+	// Touch marks a sandbox active.
+	Touch(ctx context.Context, id string)
 	// Backends describes every backend the daemon knows.
 	Backends(ctx context.Context) []sandbox.BackendInfo
 	// DefaultBackend names the backend used when a request names none.
@@ -69,6 +75,26 @@ type Config struct {
 	CreateBurst int
 	// MetricsAuth requires an API key for GET /metrics.
 	MetricsAuth bool
+
+	// ViewTokens signs and checks live-view links; nil disables the
+	// token-based live view (an API key still opens the WebSocket).
+	ViewTokens *viewtoken.Issuer
+	// Pages serves the viewer page, the dashboard and their static files;
+	// nil answers 404 there.
+	Pages Pages
+	// PublicURL is the scheme://host[:port] view links point at; empty
+	// means the Host the client used.
+	PublicURL string
+	// ViewOrigins are extra Origin host patterns allowed to open the live
+	// view WebSocket (same-origin is always allowed).
+	ViewOrigins []string
+	// ViewKeepsAlive makes an open live view count as activity for the
+	// idle timeout.
+	ViewKeepsAlive bool
+	// VNCPort is the VNC server's port on the sandbox's loopback.
+	VNCPort int
+	// Context ends with the daemon: open live views close when it is done.
+	Context context.Context
 }
 
 func (c Config) withDefaults() Config {
@@ -87,6 +113,12 @@ func (c Config) withDefaults() Config {
 	if c.CreateBurst <= 0 {
 		c.CreateBurst = DefaultCreateBurst
 	}
+	if c.VNCPort <= 0 {
+		c.VNCPort = DefaultVNCPort
+	}
+	if c.Context == nil {
+		c.Context = context.Background()
+	}
 	return c
 }
 
@@ -99,22 +131,32 @@ type server struct {
 	keys    [][sha256.Size]byte
 	create  *rate.Limiter
 	mux     *http.ServeMux
-	open    map[string]bool // patterns that need no API key
+	auth    map[string]authMode // by pattern
 }
+
+// authMode is how a route authenticates.
+type authMode int
+
+const (
+	authKey      authMode = iota // an API key, checked by the middleware
+	authOpen                     // nothing
+	authKeyOrTok                 // an API key or a view token, checked by the handler
+)
 
 // route is one registered endpoint.
 type route struct {
 	pattern string // ServeMux pattern: "METHOD /path"
 	handler http.HandlerFunc
-	open    bool // no API key needed
+	auth    authMode
+	page    bool // a browser page or file, not part of the REST API (no OpenAPI entry)
 }
 
 // routes is the route table: every endpoint of the API, registered from
 // here, checked against the OpenAPI document and the auth tests.
 func (s *server) routes() []route {
 	return []route{
-		{pattern: "GET /healthz", handler: s.health, open: true},
-		{pattern: "GET /metrics", handler: s.metricsHandler(), open: !s.cfg.MetricsAuth},
+		{pattern: "GET /healthz", handler: s.health, auth: authOpen},
+		{pattern: "GET /metrics", handler: s.metricsHandler(), auth: metricsAuth(s.cfg.MetricsAuth)},
 		{pattern: "GET /v1/info", handler: s.info},
 		{pattern: "GET /v1/openapi.json", handler: s.openAPI},
 
@@ -132,7 +174,20 @@ func (s *server) routes() []route {
 		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile},
 		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile},
 		{pattern: "GET /v1/sandboxes/{id}/files/list", handler: s.listFiles},
+
+		{pattern: "POST /v1/sandboxes/{id}/view", handler: s.createView},
+		{pattern: "GET /v1/sandboxes/{id}/vnc", handler: s.vnc, auth: authKeyOrTok},
+		{pattern: "GET /view/{id}", handler: s.viewPage, auth: authKeyOrTok},
+		{pattern: "GET /{$}", handler: s.dashboard, auth: authOpen, page: true},
+		{pattern: "GET /static/", handler: s.static, auth: authOpen, page: true},
 	}
+}
+
+func metricsAuth(required bool) authMode {
+	if required {
+		return authKey
+	}
+	return authOpen
 }
 
 // New returns the API's handler. m and log may be nil (fresh metrics, the
@@ -156,7 +211,7 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 		log:     log,
 		create:  rate.NewLimiter(cfg.CreateRate, cfg.CreateBurst),
 		mux:     http.NewServeMux(),
-		open:    map[string]bool{},
+		auth:    map[string]authMode{},
 	}
 	for _, k := range cfg.APIKeys {
 		if k != "" {
@@ -165,9 +220,7 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 	}
 	for _, rt := range s.routes() {
 		s.mux.HandleFunc(rt.pattern, rt.handler)
-		if rt.open {
-			s.open[rt.pattern] = true
-		}
+		s.auth[rt.pattern] = rt.auth
 	}
 	return s
 }

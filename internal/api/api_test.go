@@ -21,19 +21,29 @@ import (
 // routePath turns a route pattern into a method and a concrete path.
 func routePath(pattern string) (method, p string) {
 	method, p, _ = strings.Cut(pattern, " ")
+	p = strings.ReplaceAll(p, "{$}", "")
 	return method, strings.ReplaceAll(p, "{id}", runningID)
 }
 
 func TestAuth(t *testing.T) {
-	for _, metricsAuth := range []bool{false, true} {
-		t.Run(fmt.Sprintf("MetricsAuth=%v", metricsAuth), func(t *testing.T) {
-			e := newTestEnv(t, Config{MetricsAuth: metricsAuth})
+	for _, metricsKey := range []bool{false, true} {
+		t.Run(fmt.Sprintf("MetricsAuth=%v", metricsKey), func(t *testing.T) {
+			e := newTestEnv(t, Config{MetricsAuth: metricsKey})
 			for _, rt := range e.srv.routes() {
 				method, p := routePath(rt.pattern)
-				open := rt.pattern == "GET /healthz" || rt.pattern == "GET /metrics" && !metricsAuth
-				if rt.open != open {
-					t.Errorf("%s: open = %v, want %v", rt.pattern, rt.open, open)
+				want := authKey
+				switch rt.pattern {
+				case "GET /healthz", "GET /{$}", "GET /static/":
+					want = authOpen
+				case "GET /metrics":
+					want = metricsAuth(metricsKey)
+				case "GET /v1/sandboxes/{id}/vnc", "GET /view/{id}":
+					want = authKeyOrTok // refused below like a key route
 				}
+				if rt.auth != want {
+					t.Errorf("%s: auth = %v, want %v", rt.pattern, rt.auth, want)
+				}
+				open := rt.auth == authOpen
 				for _, c := range []struct {
 					name    string
 					headers []string
@@ -129,8 +139,12 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 	if !strings.HasPrefix(doc.OpenAPI, "3.") {
 		t.Errorf("openapi = %q, want 3.x", doc.OpenAPI)
 	}
-	documented := 0
+	documented, served := 0, 0
 	for _, rt := range e.srv.routes() {
+		if rt.page {
+			continue
+		}
+		served++
 		method, p, _ := strings.Cut(rt.pattern, " ")
 		ops, ok := doc.Paths[p]
 		if !ok {
@@ -158,16 +172,17 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 			}
 		}
 	}
-	if documented != len(e.srv.routes()) {
-		t.Errorf("documented %d operations, serving %d", documented, len(e.srv.routes()))
+	if documented != served {
+		t.Errorf("documented %d operations, serving %d", documented, served)
 	}
 }
 
 func TestUnknownRouteAndMethod(t *testing.T) {
 	e := newTestEnv(t, Config{})
 	wantError(t, e.do("GET", "/v1/nope", nil), 404, codeNotFound)
+	// Without pages and view tokens configured, the dashboard and live
+	// view answer 404.
 	wantError(t, e.do("GET", "/", nil), 404, codeNotFound)
-	// Live view is not served yet.
 	wantError(t, e.do("POST", "/v1/sandboxes/"+runningID+"/view", strings.NewReader("{}")), 404, codeNotFound)
 	w := e.do("PATCH", "/v1/sandboxes/"+runningID, nil)
 	wantError(t, w, 405, codeMethodNotAllowed)

@@ -48,6 +48,8 @@ type fakeManager struct {
 	lastWait   bool
 	lastFilter sandbox.Filter
 	lastTO     int
+	ending     map[string]chan struct{}
+	touched    int
 }
 
 func newFakeManager() *fakeManager {
@@ -60,7 +62,7 @@ func newFakeManager() *fakeManager {
 	return &fakeManager{sandboxes: map[string]sandbox.Sandbox{
 		runningID: mk(runningID, sandbox.StateRunning),
 		stoppedID: mk(stoppedID, sandbox.StateStopped),
-	}}
+	}, ending: map[string]chan struct{}{runningID: make(chan struct{})}}
 }
 
 func (m *fakeManager) Create(_ context.Context, req sandbox.CreateRequest, wait bool) (sandbox.Sandbox, error) {
@@ -111,6 +113,35 @@ func (m *fakeManager) Destroy(ctx context.Context, id string) error {
 	return err
 }
 
+// stop marks a sandbox stopped and tells its watchers, as a destroy does.
+func (m *fakeManager) stop(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb := m.sandboxes[id]
+	sb.State = sandbox.StateStopped
+	m.sandboxes[id] = sb
+	if c := m.ending[id]; c != nil {
+		close(c)
+		delete(m.ending, id)
+	}
+}
+
+func (m *fakeManager) Watch(ctx context.Context, id string) (*agentclient.Client, <-chan struct{}, error) {
+	c, err := m.Agent(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return c, m.ending[id], nil
+}
+
+func (m *fakeManager) Touch(context.Context, string) {
+	m.mu.Lock()
+	m.touched++
+	m.mu.Unlock()
+}
+
 func (m *fakeManager) SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error) {
 	m.mu.Lock()
 	m.lastTO = seconds
@@ -149,6 +180,7 @@ type fakeAgent struct {
 	stdin    []byte // written by SendInput
 	stdinEOF chan struct{}
 	closeIn  sync.Once
+	vnc      fakeVNC
 }
 
 func (a *fakeAgent) handler() http.Handler {
@@ -157,6 +189,7 @@ func (a *fakeAgent) handler() http.Handler {
 	mux.Handle(processconnect.NewProcessHandler(&fakeProcess{a: a}))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&fakeFS{a: a}))
 	mux.HandleFunc("/files", a.serveFiles)
+	mux.HandleFunc("GET /forward", a.vnc.forward)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(agentclient.TokenHeader) != agentToken {
 			http.Error(w, "bad token", http.StatusUnauthorized)

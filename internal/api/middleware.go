@@ -57,7 +57,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.log.Log(r.Context(), level, "http request", attrs...)
 	}()
 
-	if !s.open[pattern] && !s.authorized(r) {
+	if s.auth[pattern] == authKey && !s.authorized(r) {
 		rec.Header().Set("WWW-Authenticate", `Bearer realm="cubicle"`)
 		s.writeError(rec, r, errUnauthorized)
 		return

@@ -23,6 +23,9 @@ type Metrics struct {
 	Reaped             *prometheus.CounterVec // reason
 	NetpoolFree        prometheus.Gauge
 	HTTPRequests       *prometheus.CounterVec // route, code
+	ViewConnections    prometheus.Gauge       // open live-view WebSockets
+	ViewBytes          *prometheus.CounterVec // direction: to_viewer, from_viewer
+	ViewInputDropped   prometheus.Counter     // input messages of view-only viewers
 }
 
 // fastBuckets resolve the millisecond range where clicks and screenshots live.
@@ -67,11 +70,21 @@ func New() *Metrics {
 		HTTPRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cubicle_http_requests_total", Help: "API requests by route and status code.",
 		}, []string{"route", "code"}),
+		ViewConnections: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_view_connections", Help: "Open live-view WebSocket connections.",
+		}),
+		ViewBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_view_bytes_total", Help: "Live-view RFB bytes, by direction (to_viewer, from_viewer).",
+		}, []string{"direction"}),
+		ViewInputDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cubicle_view_input_dropped_total", Help: "Input messages of view-only viewers dropped by the proxy.",
+		}),
 	}
 	m.Registry.MustRegister(
 		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
 		m.ScreenshotDuration, m.ActionDuration, m.ExecDuration, m.Reaped,
 		m.NetpoolFree, m.HTTPRequests,
+		m.ViewConnections, m.ViewBytes, m.ViewInputDropped,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
