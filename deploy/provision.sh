@@ -74,6 +74,7 @@ packages=(
   nftables iproute2                # sandbox networking
   ca-certificates curl rsync acl
 )
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)   # fetches noVNC for the live view
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -151,6 +152,16 @@ install -d -m 0750 /etc/cubicle
 if [ -c /dev/kvm ]; then
   setfacl -m u:cubicle-vm:rw /dev/kvm || log "warning: setfacl on /dev/kvm failed"
 fi
+
+# --- noVNC for the live-view page (pinned by web/package-lock.json) -------------
+NOVNC_DIR=/usr/local/share/cubicle/novnc
+npm ci --prefix "$SRC_DIR/web" --no-audit --no-fund --loglevel=error >/dev/null
+rm -rf "$NOVNC_DIR.new"
+install -d -m 0755 "$(dirname "$NOVNC_DIR")"
+cp -r "$SRC_DIR/web/node_modules/@novnc/novnc" "$NOVNC_DIR.new"
+rm -rf "$NOVNC_DIR"
+mv "$NOVNC_DIR.new" "$NOVNC_DIR"
+log "noVNC $(sed -n 's/.*"version": *"\([^"]*\)".*/\1/p' "$NOVNC_DIR/package.json" | head -n1) in $NOVNC_DIR"
 
 # --- binaries and the unit ----------------------------------------------------
 for b in cubicled cubicle cubicle-agent; do

@@ -12,7 +12,8 @@ daemon_pid=""
 if ! curl -fsS "$CUBICLE_URL/healthz" >/dev/null 2>&1; then
   mkdir -p /var/log/cubicle
   echo "== starting cubicled (log: /var/log/cubicle/cubicled.log)"
-  ./bin/cubicled --listen "${CUBICLE_URL#http://}" >>/var/log/cubicle/cubicled.log 2>&1 &
+  ./bin/cubicled --listen "${CUBICLE_URL#http://}" --novnc-dir "$PWD/web/node_modules/@novnc/novnc" \
+    >>/var/log/cubicle/cubicled.log 2>&1 &
   daemon_pid=$!
   for _ in $(seq 100); do
     curl -fsS "$CUBICLE_URL/healthz" >/dev/null 2>&1 && break
@@ -47,6 +48,9 @@ $cli exec "$id" -- sh -c 'echo "uname: $(uname -sr)"; echo "DISPLAY=$DISPLAY"'
 $cli screenshot "$id" -o demo.png
 echo
 echo "Screenshot saved to $(pwd)/demo.png (the page turned green and shows your text)."
+echo "Watch and control it live in a browser (link valid 1 h):"
+echo "  $($cli view "$id" --interactive --ttl 1h)"
+echo "Dashboard of all sandboxes: $CUBICLE_URL/"
 echo "The sandbox $id stays up until it is idle for 30 minutes. Try:"
 echo "  curl -s $CUBICLE_URL/v1/sandboxes | head"
 echo "  ./bin/cubicle screenshot $id -o now.png"

@@ -9,20 +9,32 @@ packages=(
   debootstrap           # building the desktop image
   xvfb xdotool x11-utils openbox  # the agent's X11 integration tests
   e2fsprogs iproute2 ca-certificates curl
+  chromium              # the live-view browser test (chromedp drives it headless)
 )
+# npm fetches noVNC for the live-view page; NodeSource's nodejs ships npm
+# itself, Debian's needs the separate package.
+command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ "${#missing[@]}" -eq 0 ]; then
-  exit 0
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "deps: missing ${missing[*]}; run as root to install them" >&2
+    exit 1
+  fi
+  echo "deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-if [ "$(id -u)" -ne 0 ]; then
-  echo "deps: missing ${missing[*]}; run as root to install them" >&2
-  exit 1
+
+# noVNC for the live-view page, pinned by web/package-lock.json; installed
+# again only when the lockfile changed.
+web="$(dirname "$0")/../web"
+stamp="$web/node_modules/.package-lock.json"
+if [ ! -f "$stamp" ] || [ "$web/package-lock.json" -nt "$stamp" ]; then
+  echo "deps: npm ci (noVNC)"
+  npm ci --prefix "$web" --no-audit --no-fund --loglevel=error >/dev/null
 fi
-echo "deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

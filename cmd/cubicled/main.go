@@ -30,6 +30,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/netpool"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/viewtoken"
+	"github.com/cubicle-dev/cubicle/internal/web"
 )
 
 // The manager is what the API drives.
@@ -88,6 +90,10 @@ func run() error {
 		netBridge      = flag.String("net-bridge", envOr("CUBICLE_NET_BRIDGE", netpool.DefaultBridge), "bridge owned by cubicle (CUBICLE_NET_BRIDGE)")
 		netCIDR        = flag.String("net-cidr", envOr("CUBICLE_NET_CIDR", netpool.DefaultCIDR), "IPv4 network sandboxes get addresses from; its first address is the bridge/gateway (CUBICLE_NET_CIDR)")
 		netDNS         = flag.String("net-dns", envOr("CUBICLE_NET_DNS", ""), "comma-separated DNS servers for sandboxes; reachable only under a sandbox's egress policy (CUBICLE_NET_DNS)")
+		novncDir       = flag.String("novnc-dir", envOr("CUBICLE_NOVNC_DIR", "/usr/local/share/cubicle/novnc"), "the @novnc/novnc package (its core/ and vendor/) served to the live-view page (CUBICLE_NOVNC_DIR)")
+		publicURL      = flag.String("public-url", envOr("CUBICLE_PUBLIC_URL", ""), "scheme://host[:port] that live-view links point at; default: the Host each request used (CUBICLE_PUBLIC_URL)")
+		viewOrigins    = flag.String("view-origins", envOr("CUBICLE_VIEW_ORIGINS", ""), "comma-separated extra Origin host patterns allowed to open live-view WebSockets (CUBICLE_VIEW_ORIGINS)")
+		viewKeepsAlive = flag.Bool("view-keeps-alive", envOr("CUBICLE_VIEW_KEEPS_ALIVE", "") == "1", "an open live view counts as activity for the idle timeout (CUBICLE_VIEW_KEEPS_ALIVE=1)")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
 	)
 	flag.Parse()
@@ -166,7 +172,34 @@ func run() error {
 	}
 	defer mgr.Close()
 
-	handler := api.New(api.Config{APIKeys: keys, Version: version}, mgr, m, log)
+	viewKey, err := viewtoken.LoadOrCreateKey(filepath.Join(*dataDir, "view-token.key"))
+	if err != nil {
+		return err
+	}
+	tokens, err := viewtoken.New(viewKey, nil)
+	if err != nil {
+		return err
+	}
+	pages := web.New(*novncDir)
+	if err := pages.NoVNCError(); err != nil {
+		log.Warn("live view page unavailable (the API and WebSocket still work)", "err", err)
+	}
+	var origins []string
+	for _, o := range strings.Split(*viewOrigins, ",") {
+		if o = strings.TrimSpace(o); o != "" {
+			origins = append(origins, o)
+		}
+	}
+	handler := api.New(api.Config{
+		APIKeys:        keys,
+		Version:        version,
+		ViewTokens:     tokens,
+		Pages:          pages,
+		PublicURL:      *publicURL,
+		ViewOrigins:    origins,
+		ViewKeepsAlive: *viewKeepsAlive,
+		Context:        ctx,
+	}, mgr, m, log)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -296,9 +296,7 @@ func (s *server) vnc(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	openCtx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
-	up, err := agent.Forward(openCtx, s.cfg.VNCPort)
-	cancel()
+	up, err := forwardVNC(r.Context(), agent, s.cfg.VNCPort)
 	if err != nil {
 		s.writeError(w, r, vncError(err))
 		return
@@ -319,6 +317,31 @@ func (s *server) vnc(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("viewer connected", "sandbox", id, "view_only", g.viewOnly, "by_token", g.byToken)
 	reason := s.pumpView(r.Context(), ws, up, g, id, ending)
 	s.log.Info("viewer disconnected", "sandbox", id, "reason", reason)
+}
+
+// vncStartWait is how long a viewer waits for the sandbox's VNC server to
+// listen: a sandbox is "running" as soon as its X server answers, and
+// x11vnc starts a moment later, exactly when a dashboard user clicks "live
+// view" on a new sandbox.
+const vncStartWait = 10 * time.Second
+
+// forwardVNC opens the stream to the VNC server, retrying while nothing
+// listens yet.
+func forwardVNC(ctx context.Context, agent *agentclient.Client, port int) (io.ReadWriteCloser, error) {
+	ctx, cancel := context.WithTimeout(ctx, vncStartWait)
+	defer cancel()
+	for {
+		up, err := agent.Forward(ctx, port)
+		var se *agentclient.StatusError
+		if err == nil || !errors.As(err, &se) || se.Code != http.StatusBadGateway {
+			return up, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // vncError turns a failed forward into an API error.
@@ -402,7 +425,7 @@ func (s *server) pumpView(ctx context.Context, ws *websocket.Conn, up io.ReadWri
 	go func() {
 		defer wg.Done()
 		f := rfb.NewFilter(rfb.FilterOptions{ViewOnly: g.viewOnly})
-		defer func() { s.metrics.ViewInputDropped.Add(float64(f.Dropped())) }()
+		dropped := 0
 		recv := s.metrics.ViewBytes.WithLabelValues("from_viewer")
 		buf := make([]byte, 32<<10)
 		for {
@@ -420,6 +443,10 @@ func (s *server) pumpView(ctx context.Context, ws *websocket.Conn, up io.ReadWri
 				if n > 0 {
 					recv.Add(float64(n))
 					out, ferr := f.Feed(buf[:n])
+					if d := f.Dropped(); d != dropped {
+						s.metrics.ViewInputDropped.Add(float64(d - dropped))
+						dropped = d
+					}
 					if ferr != nil {
 						finish(websocket.StatusPolicyViolation, "RFB protocol violation")
 						return

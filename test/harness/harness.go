@@ -61,6 +61,14 @@ func Build() (string, error) {
 	return buildDir, buildErr
 }
 
+// RepoRoot is the repository's root directory.
+func RepoRoot() string { return moduleRoot() }
+
+// NoVNCDir is where `make deps` installs noVNC (npm ci in web/).
+func NoVNCDir() string {
+	return filepath.Join(moduleRoot(), "web", "node_modules", "@novnc", "novnc")
+}
+
 // Options configure a daemon.
 type Options struct {
 	DataDir        string // required; reused across restarts
@@ -123,7 +131,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	args := append([]string{
 		"--listen", d.Addr, "--data-dir", d.opts.DataDir, "--image-dir", d.opts.ImageDir,
 		"--default-backend", d.opts.DefaultBackend, "--agent-bin", filepath.Join(d.bin, "cubicle-agent"),
-		"--log-level", "debug",
+		"--log-level", "debug", "--novnc-dir", NoVNCDir(),
 	}, d.opts.Args...)
 	cmd := exec.Command(filepath.Join(d.bin, "cubicled"), args...)
 	cmd.Env = append(os.Environ(), "CUBICLE_API_KEYS="+d.APIKey)
