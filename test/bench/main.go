@@ -34,8 +34,9 @@ func main() {
 	nCreate := flag.Int("n-create", 10, "sandboxes created for create-to-ready")
 	backends := flag.String("create-backends", "gvisor,runc,qemu", "backends measured for create-to-ready and memory")
 	nCreateVM := flag.Int("n-create-vm", 3, "sandboxes created for create-to-ready on emulated VM backends")
+	liveView := flag.Duration("live-view", 15*time.Second, "how long each live-view measurement pulls updates (0: skip)")
 	flag.Parse()
-	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM}
+	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView}
 	if err := run(*imageDir, *backend, *out, *n, *nSub, cfg); err != nil {
 		log.Fatal(err)
 	}
@@ -75,6 +76,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Micros
 type createConfig struct {
 	backends []string
 	n, nVM   int
+	liveView time.Duration // per live-view measurement; 0 skips it
 }
 
 // backendResult is one backend's create-to-ready samples and idle memory.
@@ -225,7 +227,17 @@ func run(imageDir, backend, out string, n, nSub int, cc createConfig) error {
 	}
 	disks := measureDisks(imageDir)
 
-	return os.WriteFile(out, []byte(report(backend, rs, brs, disks, shotBytes, n, nSub)), 0o644)
+	// The live view last: its animating page keeps the CPUs busy.
+	var lv []liveViewResult
+	if cc.liveView > 0 {
+		lv = measureLiveView(ctx, d, c, id, cc.liveView)
+	}
+
+	text := report(backend, rs, brs, disks, shotBytes, n, nSub)
+	if len(lv) > 0 {
+		text += liveViewReport(lv)
+	}
+	return os.WriteFile(out, []byte(text), 0o644)
 }
 
 // openBusyPage opens, in the sandbox's Chromium, a page dense with text and
