@@ -221,6 +221,10 @@ func run() error {
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)
 	}
+	// Live views saw ctx end and are closing; let their close frames out.
+	if err := handler.WaitViews(sctx); err != nil {
+		log.Warn("live views still open at exit", "err", err)
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"log/slog"
 	"net/http"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
@@ -95,6 +96,21 @@ type Config struct {
 	VNCPort int
 	// Context ends with the daemon: open live views close when it is done.
 	Context context.Context
+	// Mounts serve requests outside the native API on the same port (E2B's
+	// data and control planes), tried in order before the native routes.
+	Mounts []Mount
+}
+
+// Mount is a handler the daemon also serves on its port. It gets the
+// request with recovery, logging and metrics, but does its own auth and
+// answers in its own error shape.
+type Mount struct {
+	// Name labels its requests in logs and metrics.
+	Name string
+	// Claims reports whether a request is the mount's.
+	Claims func(*http.Request) bool
+	// Handler serves the mount's requests.
+	Handler http.Handler
 }
 
 func (c Config) withDefaults() Config {
@@ -132,6 +148,7 @@ type server struct {
 	create  *rate.Limiter
 	mux     *http.ServeMux
 	auth    map[string]authMode // by pattern
+	views   sync.WaitGroup      // open live views
 }
 
 // authMode is how a route authenticates.
@@ -190,10 +207,31 @@ func metricsAuth(required bool) authMode {
 	return authOpen
 }
 
+// Server is the API's handler.
+type Server struct{ s *server }
+
 // New returns the API's handler. m and log may be nil (fresh metrics, the
 // default logger).
-func New(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) http.Handler {
-	return newServer(cfg, mgr, m, log)
+func New(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *Server {
+	return &Server{s: newServer(cfg, mgr, m, log)}
+}
+
+// ServeHTTP serves the API.
+func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.s.ServeHTTP(w, r) }
+
+// WaitViews waits until every live view has closed or ctx ends. Live views
+// are hijacked connections, which http.Server.Shutdown does not wait for;
+// after Config.Context ends they close with "going away", and waiting lets
+// that close frame reach the viewers before the process exits.
+func (h *Server) WaitViews(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { h.s.views.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *server {

@@ -280,3 +280,25 @@ func TestNotRunningAndUnknownSandbox(t *testing.T) {
 		})
 	}
 }
+
+// TestMounts checks that a mount gets its requests before the native routes
+// and without the native API-key check, and is counted under its name.
+func TestMounts(t *testing.T) {
+	mount := Mount{
+		Name:   "dataplane",
+		Claims: func(r *http.Request) bool { return r.Header.Get("E2b-Sandbox-Id") != "" },
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusTeapot)
+		}),
+	}
+	e := newTestEnv(t, Config{Mounts: []Mount{mount}})
+	if w := e.do("GET", "/v1/info", nil, "X-API-Key", "", "E2b-Sandbox-Id", "x"); w.Code != http.StatusTeapot {
+		t.Errorf("claimed request: %d, want 418 from the mount", w.Code)
+	}
+	if w := e.do("GET", "/v1/info", nil, "X-API-Key", ""); w.Code != http.StatusUnauthorized {
+		t.Errorf("unclaimed request without key: %d, want 401", w.Code)
+	}
+	if got := testutil.ToFloat64(e.metrics.HTTPRequests.WithLabelValues("dataplane", "418")); got != 1 {
+		t.Errorf("dataplane requests counted %v, want 1", got)
+	}
+}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/base64"
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -34,6 +35,22 @@ type screenshotJSON struct {
 	Data   string `json:"data"`
 }
 
+// PassiveHeader marks a request that watches rather than uses a sandbox: a
+// screenshot with "X-Cubicle-Passive: 1" does not restart the idle timer.
+// The dashboard's thumbnails send it, so an open dashboard does not keep
+// every sandbox alive.
+const PassiveHeader = "X-Cubicle-Passive"
+
+// screenshotAgent is the agent for a screenshot; passive ones do not count
+// as activity.
+func (s *server) screenshotAgent(r *http.Request, id string) (*agentclient.Client, error) {
+	if r.Header.Get(PassiveHeader) == "1" {
+		ac, _, err := s.mgr.Watch(r.Context(), id)
+		return ac, err
+	}
+	return s.mgr.Agent(r.Context(), id)
+}
+
 func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r)
 	if err != nil {
@@ -45,7 +62,7 @@ func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, stripIndex(err))
 		return
 	}
-	ac, err := s.mgr.Agent(r.Context(), id)
+	ac, err := s.screenshotAgent(r, id)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -49,7 +49,8 @@ type fakeManager struct {
 	lastFilter sandbox.Filter
 	lastTO     int
 	ending     map[string]chan struct{}
-	touched    int
+	touched    int // Touch calls
+	agentCalls int // Agent calls (each one is activity)
 }
 
 func newFakeManager() *fakeManager {
@@ -127,7 +128,7 @@ func (m *fakeManager) stop(id string) {
 }
 
 func (m *fakeManager) Watch(ctx context.Context, id string) (*agentclient.Client, <-chan struct{}, error) {
-	c, err := m.Agent(ctx, id)
+	c, err := m.watchAgent(ctx, id)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -150,6 +151,14 @@ func (m *fakeManager) SetTimeout(ctx context.Context, id string, seconds int) (s
 }
 
 func (m *fakeManager) Agent(ctx context.Context, id string) (*agentclient.Client, error) {
+	m.mu.Lock()
+	m.agentCalls++
+	m.mu.Unlock()
+	return m.watchAgent(ctx, id)
+}
+
+// watchAgent is Agent without counting activity.
+func (m *fakeManager) watchAgent(ctx context.Context, id string) (*agentclient.Client, error) {
 	sb, err := m.Get(ctx, id)
 	if err != nil {
 		return nil, err

@@ -20,9 +20,22 @@ const unmatchedRoute = "unmatched"
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rec := &statusWriter{ResponseWriter: w}
-	_, pattern := s.mux.Handler(r)
+	var mount *Mount
+	for i := range s.cfg.Mounts {
+		if s.cfg.Mounts[i].Claims(r) {
+			mount = &s.cfg.Mounts[i]
+			break
+		}
+	}
+	pattern := ""
+	if mount == nil {
+		_, pattern = s.mux.Handler(r)
+	}
 	route := pattern
-	if route == "" {
+	switch {
+	case mount != nil:
+		route = mount.Name
+	case route == "":
 		route = unmatchedRoute
 	}
 	defer func() {
@@ -57,6 +70,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.log.Log(r.Context(), level, "http request", attrs...)
 	}()
 
+	if mount != nil {
+		mount.Handler.ServeHTTP(rec, r)
+		return
+	}
 	if s.auth[pattern] == authKey && !s.authorized(r) {
 		rec.Header().Set("WWW-Authenticate", `Bearer realm="cubicle"`)
 		s.writeError(rec, r, errUnauthorized)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -114,7 +115,8 @@ func (s *server) createView(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.Conflict("sandbox %s is %s, not running", id, sb.State))
 		return
 	}
-	exp := time.Now().Add(ttl).Truncate(time.Second)
+	// Rounded up to the second: a link is never shorter than asked for.
+	exp := time.Now().Add(ttl + time.Second - 1).Truncate(time.Second)
 	tok, err := s.cfg.ViewTokens.Issue(viewtoken.Claims{Sandbox: id, Created: sb.CreatedAt, ViewOnly: viewOnly, Expires: exp})
 	if err != nil {
 		s.writeError(w, r, fmt.Errorf("issue view token: %w", err))
@@ -199,6 +201,15 @@ func (s *server) authorizeView(r *http.Request, id string) (viewGrant, sandbox.S
 	return viewGrant{viewOnly: c.ViewOnly, expires: c.Expires, created: c.Created, byToken: true}, sb, nil
 }
 
+// writeViewError is writeError with the challenge of a 401, as on every
+// other route.
+func (s *server) writeViewError(w http.ResponseWriter, r *http.Request, err error) {
+	if classify(err).status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="cubicle"`)
+	}
+	s.writeError(w, r, err)
+}
+
 // viewStatus is the JSON answer of GET /view/{id} for the viewer page.
 type viewStatus struct {
 	SandboxID        string        `json:"sandbox_id"`
@@ -235,7 +246,7 @@ func (s *server) viewPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if asJSON {
-		s.writeError(w, r, err)
+		s.writeViewError(w, r, err)
 		return
 	}
 	he := classify(err)
@@ -284,11 +295,11 @@ func (s *server) vnc(w http.ResponseWriter, r *http.Request) {
 	}
 	g, _, err := s.authorizeView(r, id)
 	if err != nil {
-		s.writeError(w, r, err)
+		s.writeViewError(w, r, err)
 		return
 	}
-	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		s.writeError(w, r, invalidf("this endpoint needs a WebSocket upgrade (RFB over binary frames)"))
+	if err := s.checkUpgrade(r); err != nil {
+		s.writeError(w, r, err)
 		return
 	}
 	agent, ending, err := s.mgr.Watch(r.Context(), id)
@@ -302,21 +313,53 @@ func (s *server) vnc(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
-		Subprotocols:       []string{"binary"},
-		OriginPatterns:     s.cfg.ViewOrigins,
-		CompressionMode:    websocket.CompressionDisabled,
-		InsecureSkipVerify: false,
+		Subprotocols:    []string{"binary"},
+		CompressionMode: websocket.CompressionDisabled,
+		// checkUpgrade has checked the Origin against the same rules.
+		InsecureSkipVerify: true,
 	})
 	if err != nil {
 		// Accept has answered (bad handshake or foreign Origin).
 		up.Close()
 		return
 	}
+	s.views.Add(1)
+	defer s.views.Done()
 	s.metrics.ViewConnections.Inc()
 	defer s.metrics.ViewConnections.Dec()
 	s.log.Info("viewer connected", "sandbox", id, "view_only", g.viewOnly, "by_token", g.byToken)
 	reason := s.pumpView(r.Context(), ws, up, g, id, ending)
 	s.log.Info("viewer disconnected", "sandbox", id, "reason", reason)
+}
+
+// checkUpgrade validates the WebSocket handshake and its Origin before the
+// sandbox is touched, so a refused request answers in the API's error shape
+// and never makes the VNC server accept a client.
+func (s *server) checkUpgrade(r *http.Request) error {
+	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") ||
+		r.Header.Get("Sec-WebSocket-Key") == "" {
+		return invalidf("this endpoint needs a WebSocket upgrade (RFB over binary frames)")
+	}
+	if v := r.Header.Get("Sec-WebSocket-Version"); v != "13" {
+		return invalidf("unsupported WebSocket version %q (want 13)", v)
+	}
+	origin := r.Header.Get("Origin")
+	if origin == "" {
+		return nil // not a browser
+	}
+	u, err := url.Parse(origin)
+	if err == nil && strings.EqualFold(u.Host, r.Host) {
+		return nil
+	}
+	if err == nil {
+		for _, p := range s.cfg.ViewOrigins {
+			if ok, _ := path.Match(strings.ToLower(p), strings.ToLower(u.Host)); ok {
+				return nil
+			}
+		}
+	}
+	return &httpError{status: http.StatusForbidden, code: codePermissionDenied,
+		msg: "WebSocket Origin " + origin + " is not allowed (same origin, or --view-origins)"}
 }
 
 // vncStartWait is how long a viewer waits for the sandbox's VNC server to
@@ -488,10 +531,13 @@ loop:
 			break loop
 		case <-ending:
 			finish(websocket.StatusGoingAway, "sandbox ended")
+			break loop
 		case <-expiry:
 			finish(websocket.StatusPolicyViolation, "view link expired")
+			break loop
 		case <-s.cfg.Context.Done():
 			finish(websocket.StatusGoingAway, "daemon shutting down")
+			break loop
 		case <-ping.C:
 			if s.cfg.ViewKeepsAlive {
 				s.mgr.Touch(ctx, id)

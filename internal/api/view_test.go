@@ -375,8 +375,59 @@ func TestViewAuth(t *testing.T) {
 		t.Fatalf("expired token: WebSocket %v", err)
 	}
 
-	// Not a WebSocket request, but authorized: a clear 400.
+	// Not a WebSocket request, but authorized: a clear 400; a browser
+	// from a foreign origin: 403. Neither reaches the VNC server.
+	_, total0, _, _, _, _ := ve.agent.vnc.count()
 	wantError(t, ve.do("GET", "/v1/sandboxes/"+runningID+"/vnc", nil), 400, codeInvalid)
+	ws := []string{"Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}
+	wantError(t, ve.do("GET", "/v1/sandboxes/"+runningID+"/vnc", nil, append(ws, "Sec-WebSocket-Version", "8")...), 400, codeInvalid)
+	wantError(t, ve.do("GET", "/v1/sandboxes/"+runningID+"/vnc", nil, append(ws, "Origin", "https://evil.example")...), 403, codePermissionDenied)
+	if _, total, _, _, _, _ := ve.agent.vnc.count(); total != total0 {
+		t.Error("a refused handshake reached the VNC server")
+	}
+	if w := ve.do("GET", "/view/"+runningID, nil, "X-API-Key", "", "Accept", "application/json"); w.Header().Get("WWW-Authenticate") == "" {
+		t.Error("401 without WWW-Authenticate")
+	}
+}
+
+// TestWatchingIsNotActivity checks that neither a viewer nor a passive
+// screenshot (the dashboard's thumbnails) restarts the idle timer, unless
+// ViewKeepsAlive says viewers do.
+func TestWatchingIsNotActivity(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		ve := newViewEnv(t, Config{ViewKeepsAlive: keep})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, _, err := ve.dial(ctx, "?token="+url.QueryEscape(ve.token(t, true)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl := rfb.NewClient(websocket.NetConn(ctx, c, websocket.MessageBinary))
+		if _, err := cl.Handshake(true); err != nil {
+			t.Fatal(err)
+		}
+		c.Close(websocket.StatusNormalClosure, "")
+		cancel()
+		if w := ve.do("GET", "/v1/sandboxes/"+runningID+"/screenshot", nil, PassiveHeader, "1"); w.Code != 200 {
+			t.Fatalf("passive screenshot: %d", w.Code)
+		}
+		ve.mgr.mu.Lock()
+		agentCalls, touched := ve.mgr.agentCalls, ve.mgr.touched
+		ve.mgr.mu.Unlock()
+		if agentCalls != 0 {
+			t.Errorf("keep=%v: %d activity-marking agent calls, want 0", keep, agentCalls)
+		}
+		if keep != (touched > 0) {
+			t.Errorf("keep=%v: touched %d times", keep, touched)
+		}
+		// An ordinary screenshot is activity.
+		ve.do("GET", "/v1/sandboxes/"+runningID+"/screenshot", nil)
+		ve.mgr.mu.Lock()
+		agentCalls = ve.mgr.agentCalls
+		ve.mgr.mu.Unlock()
+		if agentCalls != 1 {
+			t.Errorf("ordinary screenshot: %d agent calls, want 1", agentCalls)
+		}
+	}
 }
 
 // TestVNCProxy checks that control viewers reach the VNC server with their

@@ -112,8 +112,10 @@ func (w *Web) serveNoVNC(rw http.ResponseWriter, r *http.Request, name string) {
 		return
 	}
 	defer root.Close()
+	// Only noVNC's modules: nothing it ships (HTML, SVG) can be served as a
+	// document outside the pages' security policy.
 	top, _, _ := strings.Cut(name, "/")
-	if (top != "core" && top != "vendor") || top == name {
+	if (top != "core" && top != "vendor") || top == name || path.Ext(name) != ".js" {
 		http.NotFound(rw, r)
 		return
 	}

@@ -40,10 +40,13 @@ class APIError extends Error {
 // api calls the REST API and returns the Response, or throws an APIError
 // carrying the API's error message. A 401 while signed in signs out: the
 // key was revoked or the daemon restarted with other keys.
-async function api(method, path, { body, key = apiKey, accept = 'application/json' } = {}) {
+async function api(method, path, { body, key = apiKey, accept = 'application/json', passive = false } = {}) {
   // Accept matters: the screenshot endpoint answers JSON (base64) to
   // application/json and the image itself otherwise.
   const headers = { Accept: accept };
+  // Watching is not using: passive requests do not restart a sandbox's
+  // idle timer, so an open dashboard keeps nothing alive.
+  if (passive) headers['X-Cubicle-Passive'] = '1';
   if (key) headers.Authorization = `Bearer ${key}`;
   const init = { method, headers, cache: 'no-store' };
   if (body !== undefined) {
@@ -431,7 +434,7 @@ async function loadThumb(card) {
   card.busy = true;
   let url = '';
   try {
-    const res = await api('GET', `${sandboxPath(card.id)}/screenshot?${thumbQuery}`, { accept: 'image/jpeg' });
+    const res = await api('GET', `${sandboxPath(card.id)}/screenshot?${thumbQuery}`, { accept: 'image/jpeg', passive: true });
     const blob = await res.blob();
     if (card.removed) return;
     url = URL.createObjectURL(blob);
