@@ -21,10 +21,12 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/firecracker"
 	"github.com/cubicle-dev/cubicle/internal/driver/oci"
 	"github.com/cubicle-dev/cubicle/internal/driver/qemu"
+	"github.com/cubicle-dev/cubicle/internal/e2b"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
@@ -94,6 +96,11 @@ func run() error {
 		publicURL      = flag.String("public-url", envOr("CUBICLE_PUBLIC_URL", ""), "scheme://host[:port] that live-view links point at; default: the Host each request used (CUBICLE_PUBLIC_URL)")
 		viewOrigins    = flag.String("view-origins", envOr("CUBICLE_VIEW_ORIGINS", ""), "comma-separated extra Origin host patterns allowed to open live-view WebSockets (CUBICLE_VIEW_ORIGINS)")
 		viewKeepsAlive = flag.Bool("view-keeps-alive", envOr("CUBICLE_VIEW_KEEPS_ALIVE", "") == "1", "an open live view counts as activity for the idle timeout (CUBICLE_VIEW_KEEPS_ALIVE=1)")
+		e2bEnable      = flag.Bool("e2b", envOr("CUBICLE_E2B", "1") == "1", "serve E2B's control and data planes on the API port, for the unmodified e2b / @e2b/desktop SDKs (CUBICLE_E2B=0 turns it off)")
+		e2bDomain      = flag.String("e2b-domain", envOr("CUBICLE_E2B_DOMAIN", ""), "domain of E2B host routing: <port>-<sandbox>.<domain> reaches a sandbox's port (CUBICLE_E2B_DOMAIN)")
+		tlsListen      = flag.String("tls-listen", envOr("CUBICLE_TLS_LISTEN", ""), "also serve everything over TLS on this address, e.g. :443 (CUBICLE_TLS_LISTEN)")
+		tlsCert        = flag.String("tls-cert", envOr("CUBICLE_TLS_CERT", ""), "certificate (PEM, chain) for --tls-listen; a wildcard *.<e2b-domain> for E2B host routing (CUBICLE_TLS_CERT)")
+		tlsKey         = flag.String("tls-key", envOr("CUBICLE_TLS_KEY", ""), "private key (PEM) for --tls-listen (CUBICLE_TLS_KEY)")
 		showVersion    = flag.Bool("version", false, "print the version and exit")
 	)
 	flag.Parse()
@@ -190,6 +197,20 @@ func run() error {
 			origins = append(origins, o)
 		}
 	}
+	var mounts []api.Mount
+	if *e2bEnable {
+		dp := dataplane.New(dataplane.Config{TokenKey: viewKey, Domain: *e2bDomain}, mgr, log)
+		templates := map[string]string{"desktop": "desktop", "base": "base"}
+		if _, err := image.Lookup(*imageDir, "base"); err != nil {
+			// No plain image built: E2B's default template gets the desktop.
+			templates["base"] = "desktop"
+		}
+		cp := e2b.New(e2b.Config{APIKeys: keys, TokenKey: viewKey, Domain: *e2bDomain, Templates: templates}, mgr, log)
+		mounts = append(mounts,
+			api.Mount{Name: "e2b-data", Claims: func(r *http.Request) bool { _, ok := dp.Match(r); return ok }, Handler: dp},
+			api.Mount{Name: "e2b", Claims: func(r *http.Request) bool { return e2b.OwnsPath(r.URL.Path) }, Handler: cp},
+		)
+	}
 	handler := api.New(api.Config{
 		APIKeys:        keys,
 		Version:        version,
@@ -199,6 +220,7 @@ func run() error {
 		ViewOrigins:    origins,
 		ViewKeepsAlive: *viewKeepsAlive,
 		Context:        ctx,
+		Mounts:         mounts,
 	}, mgr, m, log)
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -206,8 +228,21 @@ func run() error {
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("cubicled listening", "addr", ln.Addr().String(), "version", version, "default_backend", *defaultBackend)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	var tlsSrv *http.Server
+	if *tlsListen != "" {
+		if *tlsCert == "" || *tlsKey == "" {
+			return errors.New("--tls-listen needs --tls-cert and --tls-key")
+		}
+		tln, err := net.Listen("tcp", *tlsListen)
+		if err != nil {
+			return fmt.Errorf("listen tls: %w", err)
+		}
+		tlsSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+		log.Info("cubicled listening (TLS)", "addr", tln.Addr().String())
+		go func() { errc <- tlsSrv.ServeTLS(tln, *tlsCert, *tlsKey) }()
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -218,6 +253,11 @@ func run() error {
 	log.Info("shutting down; sandboxes stay running")
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if tlsSrv != nil {
+		if err := tlsSrv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("shutdown tls: %w", err)
+		}
+	}
 	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("shutdown: %w", err)
 	}

@@ -1,0 +1,488 @@
+package e2b
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// Bounds of what this API accepts. The env and metadata bounds are
+// cubicle's own API's (internal/api), so both doors admit the same
+// sandboxes.
+const (
+	maxBodyBytes          = 1 << 20
+	maxEnvVars            = 256
+	maxEnvKeyBytes        = 256
+	maxEnvValueBytes      = 32 << 10
+	maxMetadataPairs      = 64
+	maxMetadataKeyBytes   = 128
+	maxMetadataValueBytes = 1024
+	maxAllowOut           = 256
+	maxListLimit          = 100
+	maxIDBytes            = 128
+
+	// v1DefaultTimeout and v2DefaultTimeout are the spec's defaults of
+	// NewSandbox.timeout (v1) and NewSandboxV2.timeout / ConnectSandboxV2.timeout.
+	v1DefaultTimeout = 15
+	v2DefaultTimeout = 300
+
+	// idleNever is the idle timeout of E2B sandboxes: out of reach, since
+	// E2B has no idle reaper (see the package doc).
+	idleNever = 366 * 24 * 3600
+)
+
+var (
+	envName   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	sandboxID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+)
+
+// newSandbox is the wire form of E2B's NewSandbox and NewSandboxV2. Fields
+// this package ignores are not declared, so any value of theirs decodes.
+type newSandbox struct {
+	TemplateID          *string           `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	EnvVars             map[string]string `json:"envVars"`
+	Metadata            map[string]string `json:"metadata"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	AutoPause           *bool             `json:"autoPause"`
+	Network             *networkConfig    `json:"network"`
+	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
+}
+
+// networkConfig is the part of E2B's SandboxNetworkConfig that changes
+// where a sandbox's traffic may go.
+type networkConfig struct {
+	AllowOut    []string        `json:"allowOut"`
+	DenyOut     []string        `json:"denyOut"`
+	EgressProxy json.RawMessage `json:"egressProxy"`
+}
+
+// createParams is a decoded, validated create request.
+type createParams struct {
+	template string // the E2B template name the client used
+	req      sandbox.CreateRequest
+}
+
+// parseNewSandbox decodes and validates a create body; defaultTimeout
+// applies when it has no timeout. Errors are 400s with a user message.
+func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams, error) {
+	var in newSandbox
+	if err := decodeJSON(body, &in, false); err != nil {
+		return createParams{}, err
+	}
+	if in.TemplateID == nil || *in.TemplateID == "" {
+		return createParams{}, badRequestf("templateID is required")
+	}
+	name := *in.TemplateID
+	tmpl, ok := s.templates[name]
+	if !ok {
+		return createParams{}, badRequestf("unknown template %q; known templates: %s",
+			truncate(name, 64), strings.Join(s.knownTemplates(), ", "))
+	}
+	timeout, err := timeoutSeconds(in.Timeout, defaultTimeout)
+	if err != nil {
+		return createParams{}, err
+	}
+	if in.AutoPause != nil && *in.AutoPause {
+		return createParams{}, badRequestf("autoPause is not supported: cubicle cannot pause sandboxes, a sandbox is killed at its timeout")
+	}
+	if len(in.VolumeMounts) > 0 {
+		return createParams{}, badRequestf("volumeMounts are not supported by cubicle")
+	}
+	if err := checkEnv(in.EnvVars); err != nil {
+		return createParams{}, err
+	}
+	if err := checkMetadata(in.Metadata); err != nil {
+		return createParams{}, err
+	}
+	network, err := egress(in.AllowInternetAccess, in.Network)
+	if err != nil {
+		return createParams{}, err
+	}
+	return createParams{
+		template: name,
+		req: sandbox.CreateRequest{
+			Template:           tmpl,
+			Backend:            s.cfg.Backend,
+			TimeoutSeconds:     timeout,
+			IdleTimeoutSeconds: idleNever,
+			Env:                in.EnvVars,
+			Metadata:           in.Metadata,
+			Network:            network,
+		},
+	}, nil
+}
+
+// knownTemplates lists the E2B template names, sorted.
+func (s *Server) knownTemplates() []string {
+	names := make([]string, 0, len(s.templates))
+	for n := range s.templates {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// timeoutBody is the body of POST .../timeout and .../connect.
+type timeoutBody struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+// parseTimeoutBody decodes a timeout or connect body. With required, the
+// body and its timeout must be there (v1 timeout and connect); without, an
+// empty body or a missing timeout means def (v2 connect).
+func parseTimeoutBody(body []byte, required bool, def int) (int, error) {
+	var in timeoutBody
+	if err := decodeJSON(body, &in, !required); err != nil {
+		return 0, err
+	}
+	if in.Timeout == nil && required {
+		return 0, badRequestf("timeout is required")
+	}
+	return timeoutSeconds(in.Timeout, def)
+}
+
+// timeoutSeconds validates an E2B timeout: int32 seconds, at least 0. E2B
+// reads 0 as "expire now" while cubicle's manager reads it as "the
+// maximum", so 0 becomes the smallest timeout the manager can express.
+func timeoutSeconds(t *int64, def int) (int, error) {
+	if t == nil {
+		return def, nil
+	}
+	if *t < 0 || *t > math.MaxInt32 {
+		return 0, badRequestf("timeout must be 0..%d seconds, not %d", math.MaxInt32, *t)
+	}
+	return max(int(*t), 1), nil
+}
+
+// egress maps E2B's internet and network options onto cubicle's egress
+// policy, and refuses what that policy cannot say rather than quietly
+// allowing more or less than asked.
+func egress(allowInternet *bool, n *networkConfig) (sandbox.Network, error) {
+	denyAll := allowInternet != nil && !*allowInternet
+	var allowOut []string
+	if n != nil {
+		if p := bytes.TrimSpace(n.EgressProxy); len(p) > 0 && !bytes.Equal(p, []byte("null")) {
+			return sandbox.Network{}, badRequestf("network.egressProxy is not supported by cubicle")
+		}
+		for i, d := range n.DenyOut {
+			switch strings.TrimSpace(d) {
+			case "0.0.0.0/0", "::/0":
+				denyAll = true
+			default:
+				return sandbox.Network{}, badRequestf("network.denyOut[%d]: cubicle can only deny all traffic (0.0.0.0/0), not %q; deny all and list what to allow in allowOut",
+					i, truncate(d, 64))
+			}
+		}
+		allowOut = n.AllowOut
+	}
+	if !denyAll {
+		if allowInternet != nil && *allowInternet {
+			return sandbox.Network{Egress: "all"}, nil
+		}
+		// allowOut alone allows nothing more than E2B's default, so the
+		// daemon's default stands.
+		return sandbox.Network{}, nil
+	}
+	if len(allowOut) == 0 {
+		return sandbox.Network{Egress: "none"}, nil
+	}
+	if len(allowOut) > maxAllowOut {
+		return sandbox.Network{}, badRequestf("network.allowOut has %d entries (at most %d)", len(allowOut), maxAllowOut)
+	}
+	allow := make([]string, len(allowOut))
+	for i, a := range allowOut {
+		p, err := parsePrefix(strings.TrimSpace(a))
+		if err != nil {
+			return sandbox.Network{}, badRequestf("network.allowOut[%d]: %q is not an IP address or CIDR (cubicle filters egress by address, not by domain name)",
+				i, truncate(a, 64))
+		}
+		allow[i] = p.String()
+	}
+	return sandbox.Network{Allow: allow}, nil
+}
+
+// parsePrefix parses a CIDR, or a bare address as a one-host prefix, masked.
+func parsePrefix(s string) (netip.Prefix, error) {
+	if !strings.Contains(s, "/") {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("parse address: %w", err)
+		}
+		if a.Zone() != "" {
+			return netip.Prefix{}, errors.New("address has a zone")
+		}
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("parse prefix: %w", err)
+	}
+	return p.Masked(), nil
+}
+
+func checkEnv(env map[string]string) error {
+	if len(env) > maxEnvVars {
+		return badRequestf("envVars has %d variables (at most %d)", len(env), maxEnvVars)
+	}
+	for k, v := range env {
+		if len(k) > maxEnvKeyBytes || !envName.MatchString(k) {
+			return badRequestf("envVars: %q is not a valid variable name (letters, digits and _, not starting with a digit)", truncate(k, 64))
+		}
+		if len(v) > maxEnvValueBytes {
+			return badRequestf("envVars: the value of %s is longer than %d bytes", k, maxEnvValueBytes)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return badRequestf("envVars: the value of %s contains a NUL byte", k)
+		}
+	}
+	return nil
+}
+
+func checkMetadata(md map[string]string) error {
+	if len(md) > maxMetadataPairs {
+		return badRequestf("metadata has %d keys (at most %d)", len(md), maxMetadataPairs)
+	}
+	for k, v := range md {
+		if k == "" || len(k) > maxMetadataKeyBytes || !utf8.ValidString(k) || hasControl(k) {
+			return badRequestf("metadata: %q is not a valid key (1..%d printable bytes)", truncate(k, 64), maxMetadataKeyBytes)
+		}
+		if len(v) > maxMetadataValueBytes || !utf8.ValidString(v) {
+			return badRequestf("metadata: the value of %q is not valid UTF-8 of at most %d bytes", k, maxMetadataValueBytes)
+		}
+	}
+	return nil
+}
+
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
+}
+
+// truncate shortens s for an error message, keeping it valid UTF-8.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// listQuery is a decoded GET /v2/sandboxes query.
+type listQuery struct {
+	metadata     map[string]string // nil: no filter
+	running      bool              // running sandboxes were asked for
+	template     string            // "": any
+	startedAfter time.Time         // zero: any
+	asc          bool              // oldest first (default newest first)
+	limit        int
+	after        *cursor // nil: from the start
+}
+
+// parseListQuery decodes the query of GET /v2/sandboxes. Errors are 400s.
+func parseListQuery(q url.Values) (listQuery, error) {
+	out := listQuery{running: true, limit: maxListLimit}
+	md, err := parseMetadataFilter(q.Get("metadata"))
+	if err != nil {
+		return listQuery{}, err
+	}
+	out.metadata = md
+	// state is an exploded-false array (state=running,paused); repeating the
+	// parameter works too. Without it E2B lists running and paused ones.
+	var states []string
+	for _, v := range q["state"] {
+		for st := range strings.SplitSeq(v, ",") {
+			switch st = strings.TrimSpace(st); st {
+			case "":
+			case "running", "paused":
+				states = append(states, st)
+			default:
+				return listQuery{}, badRequestf("state must be running or paused, not %q", truncate(st, 32))
+			}
+		}
+	}
+	if len(states) > 0 {
+		out.running = slices.Contains(states, "running")
+	}
+	out.template = q.Get("template")
+	if v := q.Get("startedAfter"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			return listQuery{}, badRequestf("startedAfter must be an RFC 3339 date-time, not %q", truncate(v, 64))
+		}
+		out.startedAfter = t
+	}
+	switch v := q.Get("order"); v {
+	case "", "desc":
+	case "asc":
+		out.asc = true
+	default:
+		return listQuery{}, badRequestf("order must be asc or desc, not %q", truncate(v, 32))
+	}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return listQuery{}, badRequestf("limit must be a positive integer, not %q", truncate(v, 32))
+		}
+		// E2B caps the page size rather than refusing a larger one.
+		out.limit = min(n, maxListLimit)
+	}
+	if v := q.Get("nextToken"); v != "" {
+		c, err := decodeCursor(v)
+		if err != nil {
+			return listQuery{}, badRequestf("invalid nextToken")
+		}
+		out.after = &c
+	}
+	return out, nil
+}
+
+// parseMetadataFilter decodes E2B's metadata filter, "k=v&k2=v2" with each
+// key and value URL-encoded. The JS SDK encodes the pairs once more as a
+// whole before the query string encodes the parameter, so after the query
+// is parsed the whole is unescaped once, then each key and value, as E2B
+// does. An empty filter filters nothing.
+func parseMetadataFilter(raw string) (map[string]string, error) {
+	if raw == "" {
+		return nil, nil
+	}
+	whole, err := url.QueryUnescape(raw)
+	if err != nil {
+		return nil, badRequestf("metadata is not URL-encoded correctly")
+	}
+	out := map[string]string{}
+	for pair := range strings.SplitSeq(whole, "&") {
+		if pair == "" {
+			continue
+		}
+		// The first "=" separates: a value may contain one once its own
+		// encoding has been undone by a client that encodes only once.
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok {
+			return nil, badRequestf("metadata: %q is not a key=value pair", truncate(pair, 64))
+		}
+		key, err := url.QueryUnescape(k)
+		if err != nil || key == "" {
+			return nil, badRequestf("metadata: %q is not a valid key", truncate(k, 64))
+		}
+		val, err := url.QueryUnescape(v)
+		if err != nil {
+			return nil, badRequestf("metadata: the value of %q is not URL-encoded correctly", truncate(key, 64))
+		}
+		if len(out) >= maxMetadataPairs {
+			return nil, badRequestf("metadata filters on more than %d keys", maxMetadataPairs)
+		}
+		out[key] = val
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// cursor is a position in a listing: the last sandbox of the previous page.
+type cursor struct {
+	created time.Time
+	id      string
+}
+
+// encodeCursor returns the nextToken that continues after sb. The token is
+// opaque to clients; it names a position rather than an offset, so
+// sandboxes that come and go between pages shift nothing.
+func encodeCursor(sb sandbox.Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(sb.CreatedAt.UTC().Format(time.RFC3339Nano) + "|" + sb.ID))
+}
+
+// decodeCursor is the inverse of encodeCursor.
+func decodeCursor(tok string) (cursor, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return cursor{}, fmt.Errorf("decode next token: %w", err)
+	}
+	ts, id, ok := strings.Cut(string(raw), "|")
+	if !ok || !sandboxID.MatchString(id) {
+		return cursor{}, errors.New("malformed next token")
+	}
+	t, err := time.Parse(time.RFC3339Nano, ts)
+	if err != nil {
+		return cursor{}, fmt.Errorf("next token time: %w", err)
+	}
+	return cursor{created: t, id: id}, nil
+}
+
+// readBody reads a request body of at most limit bytes.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return nil, fmt.Errorf("read request body: %w", err)
+	case err != nil:
+		// The client broke off or sent a broken chunked body: its fault,
+		// not ours, so a 400 rather than a logged 500.
+		return nil, badRequestf("could not read the request body")
+	}
+	return b, nil
+}
+
+// decodeJSON decodes exactly one JSON value into v. Unknown fields are
+// accepted: E2B's SDKs send fields newer than this package. An empty body
+// is an error unless optional.
+func decodeJSON(data []byte, v any, optional bool) error {
+	if len(bytes.TrimSpace(data)) == 0 {
+		if optional {
+			return nil
+		}
+		return badRequestf("invalid JSON body: empty body")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(v); err != nil {
+		return badRequestf("invalid JSON body: %s", jsonMessage(err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return badRequestf("invalid JSON body: unexpected data after the JSON value")
+	}
+	return nil
+}
+
+// jsonMessage turns an encoding/json error into words for users, without
+// Go type names.
+func jsonMessage(err error) string {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		if te.Field != "" {
+			return fmt.Sprintf("field %q has the wrong type (%s)", te.Field, te.Value)
+		}
+		return fmt.Sprintf("wrong type (%s), expected an object", te.Value)
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return fmt.Sprintf("malformed JSON at byte %d", se.Offset)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return "unexpected end of JSON"
+	}
+	return "malformed JSON"
+}

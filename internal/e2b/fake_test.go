@@ -1,0 +1,190 @@
+package e2b
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// The real manager must satisfy the interface this package consumes.
+var _ Manager = (*sandbox.Manager)(nil)
+
+// t0 is the fake clock's time.
+var t0 = time.Date(2026, 8, 1, 12, 0, 0, 0, time.UTC)
+
+// fakeManager is an in-memory Manager. List filters metadata the way the
+// real manager does (a missing key reads as the empty value), so tests see
+// whether the server applies E2B's stricter rule itself.
+type fakeManager struct {
+	mu         sync.Mutex
+	sbs        map[string]sandbox.Sandbox
+	n          int
+	created    []sandbox.CreateRequest
+	timeouts   []int
+	destroyed  []string
+	createErr  error
+	getErr     error
+	panicOnGet bool
+}
+
+func newFakeManager() *fakeManager {
+	return &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+}
+
+// add puts a sandbox in the fake as is.
+func (f *fakeManager) add(sb sandbox.Sandbox) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	f.sbs[sb.ID] = sb
+}
+
+func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest, wait bool) (sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.created = append(f.created, req)
+	if f.createErr != nil {
+		return sandbox.Sandbox{}, f.createErr
+	}
+	if !wait {
+		return sandbox.Sandbox{}, fmt.Errorf("fake: create without wait")
+	}
+	f.n++
+	backend := req.Backend
+	if backend == "" {
+		backend = "gvisor"
+	}
+	sb := sandbox.Sandbox{
+		ID: fmt.Sprintf("sbx%017d", f.n), State: sandbox.StateRunning, Template: req.Template,
+		Backend: backend, CreatedAt: t0, ExpiresAt: t0.Add(time.Duration(req.TimeoutSeconds) * time.Second),
+		Metadata: maps.Clone(req.Metadata),
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	f.sbs[sb.ID] = sb
+	return sb, nil
+}
+
+func (f *fakeManager) List(ctx context.Context, flt sandbox.Filter) []sandbox.Sandbox {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []sandbox.Sandbox
+	for _, sb := range f.sbs {
+		if flt.State != "" && sb.State != flt.State {
+			continue
+		}
+		ok := true
+		for k, v := range flt.Metadata {
+			if sb.Metadata[k] != v {
+				ok = false
+			}
+		}
+		if ok {
+			out = append(out, sb)
+		}
+	}
+	return out
+}
+
+func (f *fakeManager) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.panicOnGet {
+		panic("fake: get")
+	}
+	if f.getErr != nil {
+		return sandbox.Sandbox{}, f.getErr
+	}
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.NotFound("sandbox %s not found", id)
+	}
+	return sb, nil
+}
+
+func (f *fakeManager) Destroy(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return errdefs.NotFound("sandbox %s not found", id)
+	}
+	f.destroyed = append(f.destroyed, id)
+	sb.State = sandbox.StateStopped
+	f.sbs[id] = sb
+	return nil
+}
+
+func (f *fakeManager) SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if sb.State != sandbox.StateRunning && sb.State != sandbox.StateStarting {
+		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	f.timeouts = append(f.timeouts, seconds)
+	sb.ExpiresAt = t0.Add(time.Duration(seconds) * time.Second)
+	f.sbs[id] = sb
+	return sb, nil
+}
+
+// testKey and testTokenKey are the API key and token key of test servers.
+const testKey = "e2b_0123456789abcdef"
+
+var testTokenKey = []byte("token-key-for-tests")
+
+// newTestServer returns a Server on a fake manager with the test key, the
+// test token key and a fixed clock; edit changes the config first.
+func newTestServer(t *testing.T, edit func(*Config)) (*Server, *fakeManager) {
+	t.Helper()
+	cfg := Config{APIKeys: []string{"other-key", testKey}, TokenKey: testTokenKey}
+	if edit != nil {
+		edit(&cfg)
+	}
+	f := newFakeManager()
+	s := New(cfg, f, nil)
+	s.now = func() time.Time { return t0 }
+	return s, f
+}
+
+// do sends one request through s with the test key (unless headers has an
+// auth header of its own, or noKey).
+func do(t *testing.T, h http.Handler, method, target, body string, headers map[string]string) *httptest.ResponseRecorder {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, target, r)
+	if headers == nil {
+		req.Header.Set("X-API-KEY", testKey)
+	}
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+// keys returns the sorted keys of a JSON object.
+func keys(m map[string]any) []string {
+	return slices.Sorted(maps.Keys(m))
+}

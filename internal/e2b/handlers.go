@@ -1,0 +1,310 @@
+package e2b
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) createV1(w http.ResponseWriter, r *http.Request) {
+	s.create(w, r, v1DefaultTimeout)
+}
+
+func (s *Server) createV2(w http.ResponseWriter, r *http.Request) {
+	s.create(w, r, v2DefaultTimeout)
+}
+
+// create answers POST /sandboxes and POST /v2/sandboxes once the sandbox is
+// ready: the SDKs start using envd as soon as create returns.
+func (s *Server) create(w http.ResponseWriter, r *http.Request, defaultTimeout int) {
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	p, err := s.parseNewSandbox(body, defaultTimeout)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	sb, err := s.mgr.Create(r.Context(), p.req, true)
+	if err != nil {
+		writeError(w, s.log, r, fmt.Errorf("create sandbox from template %s: %w", p.req.Template, err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, p.template))
+}
+
+// lookup returns the live sandbox named by the path, or answers 404 (or the
+// manager's error) and reports false.
+func (s *Server) lookup(w http.ResponseWriter, r *http.Request) (sandbox.Sandbox, bool) {
+	id := r.PathValue("id")
+	if !sandboxID.MatchString(id) {
+		writeError(w, s.log, r, notFound(truncate(id, maxIDBytes)))
+		return sandbox.Sandbox{}, false
+	}
+	sb, err := s.mgr.Get(r.Context(), id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		writeError(w, s.log, r, notFound(id))
+		return sandbox.Sandbox{}, false
+	case err != nil:
+		writeError(w, s.log, r, fmt.Errorf("get sandbox %s: %w", id, err))
+		return sandbox.Sandbox{}, false
+	case !live(sb.State):
+		writeError(w, s.log, r, notFound(id))
+		return sandbox.Sandbox{}, false
+	}
+	return sb, true
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	writeJSON(w, http.StatusOK, s.detail(sb))
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if err := s.mgr.Destroy(r.Context(), sb.ID); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = notFound(sb.ID)
+		}
+		writeError(w, s.log, r, fmt.Errorf("destroy sandbox %s: %w", sb.ID, err))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	seconds, err := parseTimeoutBody(body, true, 0)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if _, err := s.extend(r, sb.ID, seconds); err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// extend sets a sandbox's expiry to seconds from now. A sandbox that stopped
+// since it was looked up is 404, as if the lookup had seen it stopped.
+func (s *Server) extend(r *http.Request, id string, seconds int) (sandbox.Sandbox, error) {
+	sb, err := s.mgr.SetTimeout(r.Context(), id, seconds)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrConflict) {
+		return sandbox.Sandbox{}, notFound(id)
+	}
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("set timeout of sandbox %s: %w", id, err)
+	}
+	return sb, nil
+}
+
+func (s *Server) connectV1(w http.ResponseWriter, r *http.Request) {
+	s.connect(w, r, true)
+}
+
+func (s *Server) connectV2(w http.ResponseWriter, r *http.Request) {
+	s.connect(w, r, false)
+}
+
+// connect answers 200 with the sandbox of a running one, extending its
+// expiry when the requested timeout reaches further (E2B only extends on
+// connect). Nothing can be resumed, so everything else is 404.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request, required bool) {
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	seconds, err := parseTimeoutBody(body, required, v2DefaultTimeout)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if !sb.ExpiresAt.IsZero() && s.now().Add(secondsDuration(seconds)).After(sb.ExpiresAt) {
+		if sb, err = s.extend(r, sb.ID, seconds); err != nil {
+			writeError(w, s.log, r, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, s.sandboxBody(sb, ""))
+}
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.lookup(w, r); !ok {
+		return
+	}
+	writeError(w, s.log, r, statusErrorf(http.StatusNotImplemented,
+		"pausing is not supported by cubicle: the sandbox keeps running; kill it, or extend it with setTimeout"))
+}
+
+// resume is the deprecated resume: a live sandbox is already running, which
+// E2B answers with 409, and nothing else can be resumed.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	writeError(w, s.log, r, statusErrorf(http.StatusConflict, "sandbox %q is already running", sb.ID))
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for _, name := range []string{"start", "end"} {
+		if v := q.Get(name); v != "" {
+			if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
+				writeError(w, s.log, r, badRequestf("%s must be a Unix time in seconds, not %q", name, truncate(v, 32)))
+				return
+			}
+		}
+	}
+	if _, ok := s.lookup(w, r); !ok {
+		return
+	}
+	// cubicle keeps no metrics history per sandbox; E2B answers [] before
+	// its first sample too.
+	writeJSON(w, http.StatusOK, []struct{}{})
+}
+
+func (s *Server) logsV1(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.lookup(w, r); !ok {
+		return
+	}
+	writeJSON(w, http.StatusOK, logsV1Body{Logs: []struct{}{}, LogEntries: []struct{}{}})
+}
+
+func (s *Server) logsV2(w http.ResponseWriter, r *http.Request) {
+	if _, ok := s.lookup(w, r); !ok {
+		return
+	}
+	writeJSON(w, http.StatusOK, logsV2Body{Logs: []struct{}{}})
+}
+
+// listV1 answers the deprecated GET /sandboxes: every running sandbox,
+// newest first, filtered by metadata only.
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	md, err := parseMetadataFilter(r.URL.Query().Get("metadata"))
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	sbs := s.running(r, listQuery{metadata: md, running: true})
+	out := make([]listedSandbox, len(sbs))
+	for i, sb := range sbs {
+		out[i] = s.listed(sb)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// listV2 answers GET /v2/sandboxes, a page at a time: X-Next-Token carries
+// the token of the next page when there is one, X-Total-Running the number
+// of running sandboxes that match the filters on all pages.
+func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
+	q, err := parseListQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	out := []listedSandbox{}
+	if !q.running {
+		// Only paused ones were asked for, and cubicle has none.
+		writeJSON(w, http.StatusOK, out)
+		return
+	}
+	sbs := s.running(r, q)
+	w.Header().Set("X-Total-Running", strconv.Itoa(len(sbs)))
+	if q.after != nil {
+		c := sandbox.Sandbox{ID: q.after.id, CreatedAt: q.after.created}
+		sbs = slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool { return compareListed(sb, c, q.asc) <= 0 })
+	}
+	if len(sbs) > q.limit {
+		sbs = sbs[:q.limit]
+		w.Header().Set("X-Next-Token", encodeCursor(sbs[len(sbs)-1]))
+	}
+	for _, sb := range sbs {
+		out = append(out, s.listed(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// running returns the live sandboxes that match q's filters, in q's order.
+func (s *Server) running(r *http.Request, q listQuery) []sandbox.Sandbox {
+	all := s.mgr.List(r.Context(), sandbox.Filter{Metadata: q.metadata})
+	want := q.template
+	if t, ok := s.templates[want]; ok {
+		want = t
+	}
+	return slices.SortedFunc(func(yield func(sandbox.Sandbox) bool) {
+		for _, sb := range all {
+			if !live(sb.State) || !hasMetadata(sb, q.metadata) ||
+				want != "" && sb.Template != want ||
+				!q.startedAfter.IsZero() && sb.CreatedAt.Before(q.startedAfter) {
+				continue
+			}
+			if !yield(sb) {
+				return
+			}
+		}
+	}, func(a, b sandbox.Sandbox) int { return compareListed(a, b, q.asc) })
+}
+
+// hasMetadata reports whether sb has every key of md with its value. The
+// manager already filtered, but it reads a missing key as an empty value,
+// and E2B requires the key to be there.
+func hasMetadata(sb sandbox.Sandbox, md map[string]string) bool {
+	for k, v := range md {
+		if got, ok := sb.Metadata[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// compareListed orders a listing: by creation time, newest first unless
+// asc, then by ID so that equal times still have one order to page through.
+func compareListed(a, b sandbox.Sandbox, asc bool) int {
+	c := a.CreatedAt.Compare(b.CreatedAt)
+	if !asc {
+		c = -c
+	}
+	if c != 0 {
+		return c
+	}
+	switch {
+	case a.ID < b.ID:
+		return -1
+	case a.ID > b.ID:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,281 @@
+package e2b
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"log/slog"
+	"maps"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// Manager is what the control plane needs of the sandbox manager;
+// *sandbox.Manager satisfies it.
+type Manager interface {
+	// Create starts a sandbox; with wait it returns once it is ready.
+	Create(ctx context.Context, req sandbox.CreateRequest, wait bool) (sandbox.Sandbox, error)
+	// List returns the sandboxes matching f, stopped ones included.
+	List(ctx context.Context, f sandbox.Filter) []sandbox.Sandbox
+	// Get returns one sandbox, or an errdefs.ErrNotFound error.
+	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
+	// Destroy stops a sandbox and frees what it holds.
+	Destroy(ctx context.Context, id string) error
+	// SetTimeout sets a running sandbox's expiry to seconds from now
+	// (0 = the daemon's maximum, which this package never asks for).
+	SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
+}
+
+// Config configures a Server. Zero values get the defaults noted.
+type Config struct {
+	// APIKeys are the accepted API keys. E2B's format e2b_<hex> is just a
+	// key like any other here. None turns authentication off.
+	APIKeys []string
+	// TokenKey is the HMAC key of AccessToken (the key file of the view
+	// tokens). It must be set: with an empty key the tokens are guessable.
+	TokenKey []byte
+	// Domain is returned as the sandboxes' "domain" (null when empty), from
+	// which the SDKs build https://<port>-<id>.<domain> hosts.
+	Domain string
+	// Templates maps E2B template IDs and aliases to cubicle templates;
+	// default {"desktop": "desktop", "base": "base"}.
+	Templates map[string]string
+	// EnvdVersion is the envd version claimed for every sandbox; default
+	// "0.5.7" (see the package doc for why).
+	EnvdVersion string
+	// Backend is the cubicle backend to create on ("" = daemon default).
+	Backend string
+}
+
+// DefaultEnvdVersion is the envd version claimed when Config.EnvdVersion is
+// empty.
+const DefaultEnvdVersion = "0.5.7"
+
+// Route is one endpoint of the control plane.
+type Route struct {
+	// Pattern is an http.ServeMux pattern, such as "POST /sandboxes".
+	Pattern string
+	// Handler serves the route. Unless Open, it checks the API key itself
+	// and answers 401 in E2B's error shape, so a route can be mounted on any
+	// mux without further middleware.
+	Handler http.HandlerFunc
+	// Open routes need no API key (GET /health).
+	Open bool
+}
+
+// Server answers E2B's control-plane API from a Manager. It is safe for
+// concurrent use.
+type Server struct {
+	cfg       Config
+	mgr       Manager
+	log       *slog.Logger
+	keys      [][sha256.Size]byte
+	templates map[string]string // E2B name → cubicle template
+	names     map[string]string // cubicle template → E2B name shown
+	now       func() time.Time  // tests replace it
+	routes    []Route
+	mux       *http.ServeMux
+}
+
+// New returns a Server for mgr. A nil log discards.
+func New(cfg Config, mgr Manager, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.EnvdVersion == "" {
+		cfg.EnvdVersion = DefaultEnvdVersion
+	}
+	if len(cfg.Templates) == 0 {
+		cfg.Templates = map[string]string{"desktop": "desktop", "base": "base"}
+	}
+	if len(cfg.TokenKey) == 0 {
+		log.Warn("e2b: no token key configured; envd access tokens are guessable")
+	}
+	s := &Server{
+		cfg:       cfg,
+		mgr:       mgr,
+		log:       log,
+		templates: maps.Clone(cfg.Templates),
+		names:     map[string]string{},
+		now:       time.Now,
+	}
+	for _, k := range cfg.APIKeys {
+		if k != "" {
+			s.keys = append(s.keys, sha256.Sum256([]byte(k)))
+		}
+	}
+	// Listing shows one E2B name per cubicle template: the identical name
+	// if there is one, else the first in sort order, so that it is stable.
+	for _, name := range slices.Sorted(maps.Keys(s.templates)) {
+		tmpl := s.templates[name]
+		if cur, ok := s.names[tmpl]; !ok || (cur != tmpl && name == tmpl) {
+			s.names[tmpl] = name
+		}
+	}
+	s.routes = []Route{
+		{Pattern: "GET /health", Handler: s.health, Open: true},
+		{Pattern: "POST /sandboxes", Handler: s.createV1},
+		{Pattern: "POST /v2/sandboxes", Handler: s.createV2},
+		{Pattern: "GET /sandboxes", Handler: s.listV1},
+		{Pattern: "GET /v2/sandboxes", Handler: s.listV2},
+		{Pattern: "GET /sandboxes/{id}", Handler: s.get},
+		{Pattern: "DELETE /sandboxes/{id}", Handler: s.kill},
+		{Pattern: "POST /sandboxes/{id}/timeout", Handler: s.setTimeout},
+		{Pattern: "POST /sandboxes/{id}/connect", Handler: s.connectV1},
+		{Pattern: "POST /v2/sandboxes/{id}/connect", Handler: s.connectV2},
+		{Pattern: "POST /sandboxes/{id}/pause", Handler: s.pause},
+		{Pattern: "POST /sandboxes/{id}/resume", Handler: s.resume},
+		{Pattern: "GET /sandboxes/{id}/metrics", Handler: s.metrics},
+		{Pattern: "GET /sandboxes/{id}/logs", Handler: s.logsV1},
+		{Pattern: "GET /v2/sandboxes/{id}/logs", Handler: s.logsV2},
+	}
+	s.mux = http.NewServeMux()
+	for i := range s.routes {
+		r := &s.routes[i]
+		if !r.Open {
+			r.Handler = s.requireKey(r.Handler)
+		}
+		s.mux.HandleFunc(r.Pattern, r.Handler)
+	}
+	return s
+}
+
+// Routes returns the control plane's routes, each ready to mount (see
+// Route.Handler).
+func (s *Server) Routes() []Route {
+	return slices.Clone(s.routes)
+}
+
+// ServeHTTP serves the routes on one mux, answers unknown paths 404 and
+// known paths with another method 405 in E2B's error shape, and turns a
+// panic into a 500.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rec := &statusWriter{ResponseWriter: w}
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("e2b: panic in handler", "method", r.Method, "path", r.URL.Path,
+				"panic", v, "stack", string(debug.Stack()))
+			if !rec.wrote {
+				writeJSON(rec, http.StatusInternalServerError,
+					errorBody{Code: http.StatusInternalServerError, Message: "internal error"})
+			}
+		}
+	}()
+	h, pattern := s.mux.Handler(r)
+	if pattern != "" {
+		// Through the mux, not h: only the mux sets the path values.
+		s.mux.ServeHTTP(rec, r)
+		return
+	}
+	// The mux's own answer decides between 404, 405 and a redirect to the
+	// cleaned path; only its body is replaced.
+	probe := &probeWriter{header: http.Header{}}
+	h.ServeHTTP(probe, r)
+	switch probe.status {
+	case http.StatusNotFound:
+		writeError(rec, s.log, r, statusErrorf(http.StatusNotFound, "no such endpoint: %s %s", r.Method, r.URL.Path))
+	case http.StatusMethodNotAllowed:
+		if allow := probe.header.Get("Allow"); allow != "" {
+			rec.Header().Set("Allow", allow)
+		}
+		writeError(rec, s.log, r, statusErrorf(http.StatusMethodNotAllowed, "method %s is not allowed on %s", r.Method, r.URL.Path))
+	default:
+		h.ServeHTTP(rec, r)
+	}
+}
+
+// requireKey wraps h with the API key check.
+func (s *Server) requireKey(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, s.log, r, statusErrorf(http.StatusUnauthorized,
+				"missing or invalid API key (send X-API-Key or Authorization: Bearer)"))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// authorized reports whether r carries one of the configured keys, in
+// X-API-Key (the JS SDK spells it X-API-KEY; header names are
+// case-insensitive) or else as a bearer token. Both sides are hashed so the
+// comparison takes the same time whatever the lengths, and every key is
+// compared without an early exit.
+func (s *Server) authorized(r *http.Request) bool {
+	if len(s.keys) == 0 {
+		return true
+	}
+	key := r.Header.Get("X-API-Key")
+	if key == "" {
+		const prefix = "bearer "
+		if auth := r.Header.Get("Authorization"); len(auth) > len(prefix) && strings.EqualFold(auth[:len(prefix)], prefix) {
+			key = strings.TrimSpace(auth[len(prefix):])
+		}
+	}
+	if key == "" {
+		return false
+	}
+	got := sha256.Sum256([]byte(key))
+	match := 0
+	for _, k := range s.keys {
+		match |= subtle.ConstantTimeCompare(got[:], k[:])
+	}
+	return match == 1
+}
+
+// statusWriter remembers whether a response was started, so a panic after
+// it does not write a second header.
+type statusWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.wrote = w.wrote || code >= 200
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wrote = true
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the underlying writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// probeWriter takes the mux's answer to an unmatched request and drops it.
+type probeWriter struct {
+	header http.Header
+	status int
+}
+
+func (p *probeWriter) Header() http.Header { return p.header }
+
+func (p *probeWriter) WriteHeader(code int) {
+	if p.status == 0 {
+		p.status = code
+	}
+}
+
+func (p *probeWriter) Write(b []byte) (int, error) {
+	if p.status == 0 {
+		p.status = http.StatusOK
+	}
+	return len(b), nil
+}
+
+// OwnsPath reports whether p is a path of E2B's control plane, so a daemon
+// serving several APIs on one port can give it these requests (with any
+// method: a wrong one is answered 405 in E2B's shape, not the native API's).
+func OwnsPath(p string) bool {
+	return p == "/health" || p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
+		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/")
+}
