@@ -224,7 +224,7 @@ func TestLiveView(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(time.Until(short.ExpiresAt) + 200*time.Millisecond)
 	for _, tt := range []struct {
 		name, id, query string
 		status          int
