@@ -64,6 +64,10 @@ type Config struct {
 	// Domain enables host-based routing of "<port>-<id>.<Domain>"; empty
 	// means header routing only.
 	Domain string
+	// DefaultUser runs envd requests that name no user (HTTP Basic);
+	// default "user", the account E2B's templates run as and cubicle's
+	// desktop image has. E2B's SDKs name a user only when asked to.
+	DefaultUser string
 }
 
 // Router sends data-plane requests to sandboxes.
@@ -79,6 +83,9 @@ func New(cfg Config, agents Agents, log *slog.Logger) *Router {
 		log = slog.Default()
 	}
 	cfg.Domain = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(cfg.Domain, "."), "."))
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "user"
+	}
 	return &Router{cfg: cfg, agents: agents, log: log}
 }
 
@@ -192,6 +199,9 @@ func (rt *Router) envdProxy(agent *agentclient.Client) *httputil.ReverseProxy {
 			pr.Out.Host = "agent"
 			for _, h := range []string{headerSandboxID, headerSandboxPort, headerAccessToken, "X-Forwarded-For", "Forwarded"} {
 				pr.Out.Header.Del(h)
+			}
+			if pr.Out.Header.Get("Authorization") == "" {
+				pr.Out.SetBasicAuth(rt.cfg.DefaultUser, "")
 			}
 		},
 		Transport:     agent.HTTP.Transport,

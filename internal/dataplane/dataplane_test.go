@@ -66,7 +66,8 @@ func env(t *testing.T) string {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", sock)
 	}, "agent-tok")
-	rt := New(Config{TokenKey: tokenKey, Domain: domain}, agents{c}, nil)
+	// The agent runs on this host, which has no "user" account.
+	rt := New(Config{TokenKey: tokenKey, Domain: domain, DefaultUser: "root"}, agents{c}, nil)
 	hs := httptest.NewServer(rt)
 	t.Cleanup(func() {
 		hs.Close()
@@ -138,6 +139,35 @@ func TestEnvdProcess(t *testing.T) {
 	}
 	if stdout.String() != "out:yes\n" || stderr.String() != "err\n" || exit != 3 {
 		t.Fatalf("stdout %q stderr %q exit %d", stdout.String(), stderr.String(), exit)
+	}
+}
+
+// TestDefaultUser checks that envd requests naming no user get the
+// configured default, and that a named user is passed on unchanged.
+func TestDefaultUser(t *testing.T) {
+	var got []string
+	agentSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u, _, _ := r.BasicAuth()
+		got = append(got, u)
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer agentSrv.Close()
+	c := agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", agentSrv.Listener.Addr().String())
+	}, "t")
+	defer c.Close()
+	rt := New(Config{TokenKey: tokenKey, DefaultUser: "alice"}, agents{c}, nil)
+	for _, auth := range []string{"", "Basic cm9vdDo="} { // "root:"
+		req := httptest.NewRequest("POST", "/filesystem.Filesystem/Stat", nil)
+		req.Header = sandboxHeaders(sandboxID, e2b.AccessToken(tokenKey, sandboxID))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		rt.ServeHTTP(httptest.NewRecorder(), req)
+	}
+	if len(got) != 2 || got[0] != "alice" || got[1] != "root" {
+		t.Fatalf("users seen by the agent: %q, want [alice root]", got)
 	}
 }
 
