@@ -25,9 +25,10 @@ import (
 const (
 	DefaultViewTTL = 10 * time.Minute
 	MaxViewTTL     = 24 * time.Hour
-	// DefaultVNCPort is where the desktop image's x11vnc listens, on the
-	// sandbox's loopback only.
-	DefaultVNCPort = 5900
+	// DefaultVNCPort is where the desktop image's own x11vnc (run as
+	// cubicle-vnc) listens, on the sandbox's loopback only. Not 5900:
+	// E2B's Desktop SDK starts its own x11vnc there for its stream.
+	DefaultVNCPort = 5999
 
 	// viewPingInterval keeps idle viewers' connections (and the NATs and
 	// proxies on their way) alive and finds dead ones.

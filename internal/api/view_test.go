@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -37,7 +38,7 @@ type fakeVNC struct {
 }
 
 func (v *fakeVNC) forward(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Query().Get("port") != "5900" {
+	if r.URL.Query().Get("port") != strconv.Itoa(DefaultVNCPort) {
 		http.Error(w, "dial: connection refused", http.StatusBadGateway)
 		return
 	}

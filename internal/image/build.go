@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,12 +25,12 @@ import (
 //
 // If IMAGEDIR/NAME was built from a recipe with the same hash, Build returns
 // it at once with Cached set. Otherwise it runs debootstrap and apt-get in a
-// chroot inside IMAGEDIR/.build-NAME-*, adds users, directories and files,
-// removes apt's caches, writes image.json and atomically replaces the old
-// image. Downloaded packages are kept in CACHEDIR/debs (cacheDir "" means
-// DefaultCacheDir) so a rebuild downloads only what changed; the full build
-// log is CACHEDIR/build-NAME.log. Progress lines (phase and elapsed time) go
-// to progress, which may be nil.
+// chroot inside IMAGEDIR/.build-NAME-*, adds users, files, directories and
+// symlinks, removes apt's caches, writes image.json and atomically replaces
+// the old image. Downloaded packages are kept in CACHEDIR/debs (cacheDir ""
+// means DefaultCacheDir) so a rebuild downloads only what changed; the full
+// build log is CACHEDIR/build-NAME.log. Progress lines (phase and elapsed
+// time) go to progress, which may be nil.
 //
 // On any error, including ctx being cancelled, nothing of the new image is
 // left and no mount survives: every chroot step runs in its own mount
@@ -245,8 +247,9 @@ func writeFiles(rootfs string, files map[string][]byte) error {
 	return nil
 }
 
-// addFiles copies files/ into the rootfs, applies the recipe's modes and
-// creates its directories, and removes the build-only files.
+// addFiles copies files/ into the rootfs, applies the recipe's modes,
+// creates its directories and then its links, and removes the build-only
+// files.
 func (b *builder) addFiles(context.Context) error {
 	root, err := os.OpenRoot(b.rootfs)
 	if err != nil {
@@ -292,7 +295,51 @@ func (b *builder) addFiles(context.Context) error {
 			}
 		}
 	}
+	return makeLinks(root, b.r.Links)
+}
+
+// makeLinks makes each symlink of links (rootfs path → target) in root, in
+// path order, with its missing parent directories. It replaces a symlink at
+// a link path and refuses to replace anything else. Running it again
+// changes nothing.
+func makeLinks(root *os.Root, links map[string]string) error {
+	for _, p := range slices.Sorted(maps.Keys(links)) {
+		target, rel := links[p], strings.TrimPrefix(p, "/")
+		fi, err := root.Lstat(rel)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			if err := root.MkdirAll(path.Dir(rel), 0o755); err != nil {
+				return fmt.Errorf("link %s: %w", p, err)
+			}
+		case err != nil:
+			return fmt.Errorf("link %s: %w", p, err)
+		case fi.Mode()&fs.ModeSymlink == 0:
+			return fmt.Errorf("link %s: the image already has a %s there", p, fileKind(fi.Mode()))
+		default:
+			if old, err := root.Readlink(rel); err == nil && old == target {
+				continue
+			}
+			if err := root.Remove(rel); err != nil {
+				return fmt.Errorf("link %s: replace: %w", p, err)
+			}
+		}
+		if err := root.Symlink(target, rel); err != nil {
+			return fmt.Errorf("link %s: %w", p, err)
+		}
+	}
 	return nil
+}
+
+// fileKind names the type of mode for messages.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	default:
+		return "special file"
+	}
 }
 
 // copyTree copies the recipe's files/ tree into root. Files get the mode

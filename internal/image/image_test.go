@@ -52,10 +52,20 @@ func TestLoadDesktopRecipe(t *testing.T) {
 	if r.Suite != "bookworm" || r.Variant != "minbase" {
 		t.Errorf("suite/variant = %s/%s", r.Suite, r.Variant)
 	}
-	if got := r.Modes["/usr/local/bin/cubicle-browser"]; got != "0755" {
-		t.Errorf("cubicle-browser mode = %q, want 0755", got)
+	for _, p := range []string{"/usr/local/bin/cubicle-browser", "/usr/local/bin/startxfce4", "/usr/local/bin/x11vnc"} {
+		if got := r.Modes[p]; got != "0755" {
+			t.Errorf("%s mode = %q, want 0755", p, got)
+		}
 	}
-	for _, p := range []string{"files/etc/cubicle/session.json", "files/usr/local/bin/cubicle-browser", "files/etc/chromium/policies/managed/cubicle.json"} {
+	// The E2B Desktop SDK runs noVNC from /opt/noVNC; cubicle's own VNC
+	// server runs under another name so the SDK's `pgrep -x x11vnc` and
+	// `pkill x11vnc` leave it alone.
+	for p, want := range map[string]string{"/opt/noVNC": "/usr/share/novnc", "/usr/local/bin/cubicle-vnc": "/usr/bin/x11vnc"} {
+		if got := r.Links[p]; got != want {
+			t.Errorf("link %s = %q, want %q", p, got, want)
+		}
+	}
+	for _, p := range []string{"files/etc/cubicle/session.json", "files/usr/local/bin/cubicle-browser", "files/usr/local/bin/startxfce4", "files/etc/chromium/policies/managed/cubicle.json"} {
 		if _, err := images.Desktop().Open(p); err != nil {
 			t.Errorf("recipe lacks %s: %v", p, err)
 		}
@@ -79,6 +89,40 @@ func TestLoadRecipeRejects(t *testing.T) {
 	}
 }
 
+func TestRecipeLinks(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		links string
+		ok    bool
+	}{
+		{"absolute target", `{"/opt/noVNC": "/usr/share/novnc"}`, true},
+		{"relative target", `{"/usr/local/bin/vnc": "../../bin/x11vnc"}`, true},
+		{"sibling links", `{"/opt/a": "/x", "/opt/ab": "/y"}`, true},
+		{"no links", `{}`, true},
+		{"relative path", `{"opt/noVNC": "/usr/share/novnc"}`, false},
+		{"dotdot in path", `{"/opt/../etc/x": "/y"}`, false},
+		{"unclean path", `{"/opt//x": "/y"}`, false},
+		{"trailing slash", `{"/opt/x/": "/y"}`, false},
+		{"root", `{"/": "/y"}`, false},
+		{"under proc", `{"/proc/self/x": "/y"}`, false},
+		{"sys itself", `{"/sys": "/y"}`, false},
+		{"under dev", `{"/dev/shm": "/tmp"}`, false},
+		{"under another link", `{"/opt/a": "/x", "/opt/a/b": "/y"}`, false},
+		{"empty target", `{"/opt/x": ""}`, false},
+		{"unclean target", `{"/opt/x": "/usr//share"}`, false},
+		{"newline in target", `{"/opt/x": "/usr/share\nx"}`, false},
+		{"self link", `{"/opt/x": "/opt/x"}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			js := `{"suite":"bookworm","links":` + tc.links + `}`
+			_, err := LoadRecipe(fstest.MapFS{"recipe.json": {Data: []byte(js)}})
+			if (err == nil) != tc.ok {
+				t.Errorf("LoadRecipe(%s) = %v, want ok=%v", js, err, tc.ok)
+			}
+		})
+	}
+}
+
 func TestRecipeHash(t *testing.T) {
 	a := fstest.MapFS{"recipe.json": {Data: []byte(`{}`)}, "files/etc/x": {Data: []byte("1")}}
 	b := fstest.MapFS{"recipe.json": {Data: []byte(`{}`)}, "files/etc/x": {Data: []byte("2")}}
@@ -87,6 +131,12 @@ func TestRecipeHash(t *testing.T) {
 	ha2, _ := RecipeHash(a)
 	hb, _ := RecipeHash(b)
 	hc, _ := RecipeHash(c)
+	// Links live in recipe.json, which the hash covers like any other file.
+	l1, _ := RecipeHash(fstest.MapFS{"recipe.json": {Data: []byte(`{"links":{"/opt/a":"/x"}}`)}})
+	l2, _ := RecipeHash(fstest.MapFS{"recipe.json": {Data: []byte(`{"links":{"/opt/a":"/y"}}`)}})
+	if l1 == l2 {
+		t.Errorf("a changed link target leaves the hash at %s", l1)
+	}
 	if ha != ha2 || len(ha) != 64 {
 		t.Fatalf("hash not stable: %s %s", ha, ha2)
 	}

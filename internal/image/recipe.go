@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"maps"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -37,6 +39,16 @@ type Recipe struct {
 	// Modes maps absolute rootfs paths of files under files/ to octal modes
 	// ("0755"); other files get 0644 (embedded files carry no modes).
 	Modes map[string]string `json:"modes,omitempty"`
+	// Links maps absolute rootfs paths of symbolic links to their targets
+	// ("/opt/noVNC": "/usr/share/novnc"), made after the packages, files/
+	// and dirs, so a link may point into or sit in any of them. A target is
+	// resolved inside the sandbox; it may be relative to the link's
+	// directory. Missing parent directories are made (0755, root). A
+	// symlink already at a link path is replaced; anything else there is an
+	// error, so a link never hides a file a package or files/ put there.
+	// Links may not sit under /proc, /sys or /dev (the runtime mounts over
+	// them) nor under another link.
+	Links map[string]string `json:"links,omitempty"`
 }
 
 // VMRecipe says how to build an image's VM form.
@@ -155,7 +167,45 @@ func (r *Recipe) validate() error {
 			return fmt.Errorf("mode of %s: %w", p, err)
 		}
 	}
+	for _, p := range slices.Sorted(maps.Keys(r.Links)) {
+		if err := validLink(p, r.Links[p], r.Links); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// linkForbidden lists the trees a recipe link may not sit in: the runtime
+// mounts its own proc, sysfs and devices over them.
+var linkForbidden = []string{"/proc", "/sys", "/dev"}
+
+// validLink checks the link p → target of links.
+func validLink(p, target string, links map[string]string) error {
+	if !cleanAbs(p) {
+		return fmt.Errorf("bad link path %q", p)
+	}
+	for _, f := range linkForbidden {
+		if under(p, f) {
+			return fmt.Errorf("link %s: links may not be made under %s", p, f)
+		}
+	}
+	for q := path.Dir(p); q != "/"; q = path.Dir(q) {
+		if _, ok := links[q]; ok {
+			return fmt.Errorf("link %s: lies under link %s", p, q)
+		}
+	}
+	if target == "" || path.Clean(target) != target || strings.ContainsAny(target, "\x00\n") {
+		return fmt.Errorf("link %s: bad target %q", p, target)
+	}
+	if target == p {
+		return fmt.Errorf("link %s points at itself", p)
+	}
+	return nil
+}
+
+// under reports whether the clean absolute path p is dir or lies under it.
+func under(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+"/")
 }
 
 // cleanAbs reports whether p is an absolute, clean path other than "/".

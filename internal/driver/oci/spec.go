@@ -32,6 +32,9 @@ const (
 	DefaultVCPUs     = 2
 	DefaultMemoryMB  = 2048
 	DefaultPidsLimit = 1024
+	// gvisorPidsFactor scales the pids limit under runsc, where it counts
+	// host tasks rather than guest processes (see ociSpec).
+	gvisorPidsFactor = 8
 	DefaultWidth     = 1280
 	DefaultHeight    = 800
 	DefaultDPI       = 96
@@ -104,6 +107,16 @@ func ociSpec(s driver.Spec, rootfs, runDir, agentBin string, runc bool) *specs.S
 	period := uint64(100000)
 	quota := int64(s.VCPUs) * int64(period)
 	pids := int64(s.PidsLimit)
+	if !runc {
+		// runsc puts the limit on the sandbox's host cgroup, which under
+		// its ptrace platform holds a stub process per guest thread plus
+		// the Sentry's own threads: an idle desktop already uses ~350 host
+		// tasks, and Chromium opening one more tab took it past 1024,
+		// which crashed the whole sandbox ("error initializing first
+		// thread"). The guest's own process count stays bounded by the
+		// same cgroup, just in host tasks.
+		pids *= gvisorPidsFactor
+	}
 
 	sp := &specs.Spec{
 		Version:  ociVersion,
