@@ -38,3 +38,9 @@ if [ ! -f "$stamp" ] || [ "$web/package-lock.json" -nt "$stamp" ]; then
   echo "deps: npm ci (noVNC)"
   npm ci --prefix "$web" --no-audit --no-fund --loglevel=error >/dev/null
 fi
+
+# The E2B SDK test (test/e2b-js) needs Node >= 20.18.1; Debian 12's own
+# nodejs is 18. Say so here rather than let the test fail obscurely.
+if ! node -e 'const [a,b,c]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&(b>18||(b===18&&c>=1)))?0:1)' 2>/dev/null; then
+  echo "deps: warning: node $(node --version 2>/dev/null || echo missing) is older than 20.18.1, which the E2B SDK test needs (install Node 20 or 22, e.g. from NodeSource)" >&2
+fi

@@ -171,6 +171,14 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rt.agentError(w, r, t, err)
 		return
 	}
+	// The proxy sends the agent's response headers before it has finished
+	// sending the request body (FlushInterval -1, for Connect streams).
+	// Without full duplex, Go's HTTP/1 server then closes the request body
+	// under the transport, which tears down the agent connection mid-stream:
+	// 1–4 % of the SDK's commands were cut off ("[unknown] terminated").
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		rt.log.Debug("data plane: no full duplex", "err", err)
+	}
 	if t.Port == EnvdPort {
 		rt.envdProxy(agent).ServeHTTP(w, r)
 		return

@@ -95,7 +95,7 @@ func run(imageDir, backend, out string, n, nSub int, cc createConfig) error {
 	}
 	defer os.RemoveAll(dataDir)
 	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir, DefaultBackend: backend,
-		Args: []string{"--max-sandboxes", "32"}})
+		APIKey: e2bKey(), Args: []string{"--max-sandboxes", "32"}})
 	if err != nil {
 		return err
 	}
@@ -212,6 +212,13 @@ func run(imageDir, backend, out string, n, nSub int, cc createConfig) error {
 	}
 	if err := add(measure("exec true (round trip floor)", nSub, sh("true"))); err != nil {
 		return err
+	}
+	// E2B's Desktop SDK, unmodified, against this daemon's E2B API, on the
+	// same sandbox: what an agent gets before porting to the native API.
+	if e2bRs, err := measureE2B(ctx, d, id, nSub); err != nil {
+		log.Printf("skipping the @e2b/desktop comparison: %v", err)
+	} else {
+		rs = append(rs, e2bRs...)
 	}
 
 	// Create-to-ready per backend, sequentially, each sandbox destroyed
@@ -409,6 +416,8 @@ func report(backend string, rs []result, brs []backendResult, disks []result, sh
 		{"click (native)", "click (xdotool)"},
 		{"move (native)", "move (xdotool)"},
 		{"type 10 chars (native)", "type 10 chars (xdotool)"},
+		{"screenshot png (native)", "@e2b/desktop screenshot()"},
+		{"click (native)", "@e2b/desktop leftClick()"},
 	} {
 		a, ok1 := find(pair[0])
 		s, ok2 := find(pair[1])

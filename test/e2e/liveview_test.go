@@ -395,8 +395,10 @@ func noLeak(t *testing.T, d *harness.Daemon, id, tok string) {
 			ws.CloseNow()
 		}
 	}
-	// Viewers open before (the browser's) stay open throughout.
-	open0 := metricValue(t, d, "cubicle_view_connections")
+	// The browser's viewer stays open throughout; viewers closed just
+	// before (CloseNow does not wait) must be gone before the baseline.
+	const open0 = 1
+	waitFor(t, "only the browser's viewer open", func() bool { return metricValue(t, d, "cubicle_view_connections") == open0 })
 	cycle(-1)
 	settle := func() (g, fds float64) {
 		time.Sleep(500 * time.Millisecond)

@@ -76,6 +76,8 @@ type Options struct {
 	DefaultBackend string // default "gvisor"
 	Env            []string
 	Args           []string
+	// APIKey is the daemon's API key; default a random "test-<hex>".
+	APIKey string
 	// ListenHost is the address the API listens on; default 127.0.0.1.
 	// Network tests, which run the daemon inside a namespace of their
 	// own, use 0.0.0.0 so that sandboxes could try the API on every host
@@ -112,7 +114,10 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	d := &Daemon{URL: "http://" + addr, APIKey: "test-" + hex.EncodeToString(key), Addr: addr, opts: opts, bin: bin,
+	if opts.APIKey == "" {
+		opts.APIKey = "test-" + hex.EncodeToString(key)
+	}
+	d := &Daemon{URL: "http://" + addr, APIKey: opts.APIKey, Addr: addr, opts: opts, bin: bin,
 		Log: filepath.Join(opts.DataDir, "cubicled.log")}
 	if opts.ListenHost != "" {
 		d.Addr = net.JoinHostPort(opts.ListenHost, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))

@@ -1,0 +1,356 @@
+// The plain e2b SDK, unmodified, against cubicled with E2B's "base"
+// template: create; commands (output, exit codes, env, cwd, streaming,
+// background, stdin, PTY, users); files; a sandbox port over TLS, WebSockets
+// included; lifecycle (getInfo, setTimeout, list, connect, kill, expiry);
+// and a wrong API key. Only E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN and
+// E2B_API_KEY configure the SDK; CUBICLE_TLS_ADDR is where the test reaches
+// https://*.E2B_DOMAIN.
+
+import assert from 'node:assert/strict'
+import { randomBytes } from 'node:crypto'
+import { readFileSync } from 'node:fs'
+import { after, before, describe, it } from 'node:test'
+
+import { AuthenticationError, CommandExitError, FileType, Sandbox } from 'e2b'
+
+import { env, fetchVia, imageGap, probe, waitFor, websocketVia } from './lib.mjs'
+
+const run = randomBytes(6).toString('hex')
+
+describe('e2b SDK, template base', { timeout: 10 * 60 * 1000 }, () => {
+  let sbx
+
+  before(async () => {
+    sbx = await Sandbox.create('base', {
+      envs: { CUBICLE_CREATE_ENV: 'from create' },
+      metadata: { suite: 'cubicle-e2b-js', run },
+      timeoutMs: 5 * 60 * 1000,
+    })
+  })
+
+  after(async () => {
+    // Whatever failed, leave nothing running (the Go test checks).
+    if (sbx) await Sandbox.kill(sbx.sandboxId).catch(() => {})
+  })
+
+  it('create returns a sandbox on the configured domain', () => {
+    assert.match(sbx.sandboxId, /^[a-z0-9]+$/)
+    assert.equal(sbx.sandboxDomain, env('E2B_DOMAIN'))
+    assert.equal(sbx.getHost(8000), `8000-${sbx.sandboxId}.${env('E2B_DOMAIN')}`)
+  })
+
+  it('commands.run: stdout, stderr, exit code 0', async () => {
+    const r = await sbx.commands.run('echo out; echo err >&2; printf "ünïcödé ✓"')
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'out\nünïcödé ✓')
+    assert.equal(r.stderr, 'err\n')
+    assert.equal(r.error, undefined)
+  })
+
+  it('commands.run: a non-zero exit throws CommandExitError', async () => {
+    await assert.rejects(sbx.commands.run('echo before; echo oops >&2; exit 7'), (e) => {
+      assert.ok(e instanceof CommandExitError, `${e?.constructor?.name}: ${e?.message}`)
+      assert.equal(e.exitCode, 7)
+      assert.equal(e.stdout, 'before\n')
+      assert.equal(e.stderr, 'oops\n')
+      return true
+    })
+  })
+
+  it('commands.run: env vars from create and from the command', async () => {
+    const r = await sbx.commands.run('echo "$CUBICLE_CREATE_ENV|$CMD_ENV|$HOME"', { envs: { CMD_ENV: 'from command' } })
+    assert.match(r.stdout, /^from create\|from command\|\/.+\n$/)
+    // The command's own envs override the sandbox's.
+    const o = await sbx.commands.run('echo "$CUBICLE_CREATE_ENV"', { envs: { CUBICLE_CREATE_ENV: 'overridden' } })
+    assert.equal(o.stdout, 'overridden\n')
+  })
+
+  it('commands.run: cwd', async () => {
+    await sbx.files.makeDir(`/tmp/cwd-${run}`)
+    const r = await sbx.commands.run('pwd', { cwd: `/tmp/cwd-${run}` })
+    assert.equal(r.stdout, `/tmp/cwd-${run}\n`)
+  })
+
+  it('commands.run: output is streamed to onStdout/onStderr as it comes', async () => {
+    const out = [], err = []
+    const r = await sbx.commands.run('for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.2; done', {
+      onStdout: (d) => out.push(d),
+      onStderr: (d) => err.push(d),
+    })
+    assert.equal(out.join(''), 'o1\no2\no3\n')
+    assert.equal(err.join(''), 'e1\ne2\ne3\n')
+    assert.ok(out.length >= 2, `stdout came in ${out.length} chunk(s), want it streamed`)
+    assert.equal(r.stdout, 'o1\no2\no3\n')
+  })
+
+  it('commands.run: a command that outlives the default request timeout is not cut', async () => {
+    const r = await sbx.commands.run('sleep 2; echo done', { timeoutMs: 20000 })
+    assert.equal(r.stdout, 'done\n')
+  })
+
+  it('commands.run: 300 short commands in a row, none cut off', async () => {
+    // A desktop agent runs hundreds of these (every click is one); each
+    // must come back whole.
+    const failures = []
+    for (let i = 0; i < 300; i++) {
+      try {
+        const r = await sbx.commands.run(`echo ${i}`)
+        if (r.stdout !== `${i}\n`) failures.push(`#${i}: stdout ${JSON.stringify(r.stdout)}`)
+      } catch (e) {
+        failures.push(`#${i}: ${e.constructor.name}: ${e.message}`)
+      }
+    }
+    assert.deepEqual(failures, [], `${failures.length} of 300 commands failed`)
+  })
+
+  it('background command: list, kill, and wait after kill', async () => {
+    const h = await sbx.commands.run(`sleep 600; echo never-${run}`, { background: true })
+    assert.ok(h.pid > 0, `pid ${h.pid}`)
+    const listed = await sbx.commands.list()
+    assert.ok(listed.some((p) => p.pid === h.pid), `pid ${h.pid} not in commands.list(): ${JSON.stringify(listed.map((p) => p.pid))}`)
+    assert.equal(await h.kill(), true)
+    await assert.rejects(h.wait(), (e) => {
+      assert.ok(e instanceof CommandExitError, `${e?.constructor?.name}: ${e?.message}`)
+      assert.notEqual(e.exitCode, 0)
+      return true
+    })
+    await waitFor('killed process gone from commands.list()', async () =>
+      !(await sbx.commands.list()).some((p) => p.pid === h.pid))
+    // Killing it again finds nothing.
+    assert.equal(await sbx.commands.kill(h.pid), false)
+  })
+
+  it('background command: survives disconnect; commands.kill by pid', async () => {
+    const h = await sbx.commands.run(`sleep 600`, { background: true })
+    await h.disconnect()
+    const r = await sbx.commands.run(`kill -0 ${h.pid} && echo alive`)
+    assert.equal(r.stdout, 'alive\n')
+    assert.equal(await sbx.commands.kill(h.pid), true)
+    await waitFor('killed process gone', async () => (await probe(sbx, `kill -0 ${h.pid}`)).exitCode !== 0)
+  })
+
+  it('background command: wait returns its output', async () => {
+    const h = await sbx.commands.run('sleep 1; echo finished', { background: true })
+    const r = await h.wait()
+    assert.equal(r.exitCode, 0)
+    assert.equal(r.stdout, 'finished\n')
+  })
+
+  it('background command: commands.connect re-attaches to its output', async () => {
+    const h = await sbx.commands.run('sleep 1; echo late', { background: true })
+    await h.disconnect()
+    const again = await sbx.commands.connect(h.pid)
+    const r = await again.wait()
+    assert.equal(r.stdout, 'late\n')
+  })
+
+  it('stdin: sendStdin and closeStdin', async () => {
+    const h = await sbx.commands.run('cat', { background: true, stdin: true })
+    await sbx.commands.sendStdin(h.pid, 'line one\n')
+    await sbx.commands.sendStdin(h.pid, 'line two ✓\n')
+    await sbx.commands.closeStdin(h.pid)
+    const r = await h.wait()
+    assert.equal(r.stdout, 'line one\nline two ✓\n')
+  })
+
+  it('pty: create, sendInput, resize, kill', async () => {
+    let out = ''
+    const pty = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { out += Buffer.from(d).toString() }, timeoutMs: 0 })
+    await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size; echo pty-$((6*7))\n'))
+    const seen = (what, ...parts) => waitFor(what, () => parts.every((p) => out.includes(p)), 15000)
+      .catch((e) => assert.fail(`${e.message}; pty output so far: ${JSON.stringify(out)}`))
+    await seen('pty output', 'pty-42', '24 80')
+    await sbx.pty.resize(pty.pid, { cols: 100, rows: 30 })
+    await sbx.pty.sendInput(pty.pid, new TextEncoder().encode('stty size\n'))
+    await seen('pty resized', '30 100')
+    assert.equal(await sbx.pty.kill(pty.pid), true)
+  })
+
+  it('users: "user" by default, as in E2B\'s templates; root when asked', async () => {
+    const def = await sbx.commands.run('id -un; echo $HOME; pwd')
+    assert.equal(def.stdout, 'user\n/home/user\n/home/user\n')
+    const root = await sbx.commands.run('id -un; echo $HOME; pwd', { user: 'root' })
+    assert.equal(root.stdout, 'root\n/root\n/root\n')
+    // find, not stat: coreutils' statx flags are EINVAL on older gVisor.
+    const owner = async (path) => (await sbx.commands.run(`find ${path} -printf '%u\\n'`)).stdout.trim()
+    // Files are written for the user, as envd does: as root, then chowned.
+    const mine = await sbx.files.write(`/tmp/owned-${run}`, 'x')
+    assert.equal(await owner(mine.path), 'user')
+    const roots = await sbx.files.write(`/tmp/owned-root-${run}`, 'x', { user: 'root' })
+    assert.equal(await owner(roots.path), 'root')
+  })
+
+  it('files: write/read text and bytes, list, exists, makeDir, rename, remove', async () => {
+    const dir = `/tmp/files-${run}`
+    assert.equal(await sbx.files.makeDir(dir), true)
+    assert.equal(await sbx.files.makeDir(dir), false, 'makeDir of an existing dir')
+    assert.equal(await sbx.files.exists(dir), true)
+
+    const text = 'hello from e2b ✓\n'
+    const info = await sbx.files.write(`${dir}/a.txt`, text)
+    assert.equal(info.path, `${dir}/a.txt`)
+    assert.equal(info.name, 'a.txt')
+    assert.equal(await sbx.files.read(`${dir}/a.txt`), text)
+
+    const bytes = new Uint8Array(300000).map((_, i) => (i * 7 + 3) & 0xff)
+    await sbx.files.write(`${dir}/sub/deeper/b.bin`, bytes)
+    const back = await sbx.files.read(`${dir}/sub/deeper/b.bin`, { format: 'bytes' })
+    assert.ok(Buffer.from(back).equals(Buffer.from(bytes)), `read ${back.length} bytes, want the ${bytes.length} written`)
+
+    await sbx.files.write(`${dir}/empty`, '')
+    assert.equal(await sbx.files.read(`${dir}/empty`), '')
+
+    const many = await sbx.files.write([
+      { path: `${dir}/m1.txt`, data: 'one' },
+      { path: `${dir}/m2.txt`, data: 'two' },
+    ])
+    assert.deepEqual(many.map((f) => f.name).sort(), ['m1.txt', 'm2.txt'])
+
+    const entries = await sbx.files.list(dir)
+    const byName = Object.fromEntries(entries.map((e) => [e.name, e]))
+    assert.deepEqual(Object.keys(byName).sort(), ['a.txt', 'empty', 'm1.txt', 'm2.txt', 'sub'])
+    assert.equal(byName['a.txt'].type, FileType.FILE)
+    assert.equal(byName['a.txt'].size, Buffer.byteLength(text))
+    assert.equal(byName['a.txt'].path, `${dir}/a.txt`)
+    assert.equal(byName.sub.type, FileType.DIR)
+    const deep = await sbx.files.list(dir, { depth: 3 })
+    assert.ok(deep.some((e) => e.path === `${dir}/sub/deeper/b.bin`), 'list depth 3 finds sub/deeper/b.bin')
+
+    // The sandbox's shell sees the same files.
+    assert.equal((await sbx.commands.run(`cat ${dir}/m2.txt`)).stdout, 'two')
+
+    const moved = await sbx.files.rename(`${dir}/m1.txt`, `${dir}/renamed.txt`)
+    assert.equal(moved.path, `${dir}/renamed.txt`)
+    assert.equal(await sbx.files.exists(`${dir}/m1.txt`), false)
+
+    await sbx.files.remove(`${dir}/a.txt`)
+    assert.equal(await sbx.files.exists(`${dir}/a.txt`), false)
+    await assert.rejects(sbx.files.read(`${dir}/a.txt`), (e) => e.name === 'NotFoundError' || e.name === 'FileNotFoundError')
+    await sbx.files.remove(dir)
+    assert.equal(await sbx.files.exists(dir), false)
+  })
+
+  it('getHost(port): https://<port>-<id>.<domain> reaches a sandbox port, WebSockets too', async (t) => {
+    const py = await probe(sbx, 'command -v python3')
+    const gap = imageGap(py.exitCode === 0 ? [] : ['no python3 in the image to run testserver.py'])
+    if (gap) return t.skip(gap)
+    const dir = `/tmp/www-${run}`
+    await sbx.files.write(`${dir}/hello.txt`, `hello ${run}`)
+    await sbx.files.write(`/tmp/testserver-${run}.py`, readFileSync(new URL('./testserver.py', import.meta.url)))
+    const server = await sbx.commands.run(`exec python3 /tmp/testserver-${run}.py 8123 ${dir}`, { background: true, timeoutMs: 0 })
+    const tls = env('CUBICLE_TLS_ADDR')
+    try {
+      const url = `https://${sbx.getHost(8123)}/hello.txt`
+      const res = await waitFor(`${url} answers`, async () => {
+        const r = await fetchVia(tls, url).catch((e) => ({ status: 0, body: String(e) }))
+        return r.status === 200 ? r : null
+      })
+      assert.equal(res.body, `hello ${run}`)
+
+      // A WebSocket upgrade through the daemon both ways, as noVNC's
+      // /websockify needs.
+      const ws = await websocketVia(tls, `https://${sbx.getHost(8123)}/websockify`)
+      try {
+        assert.equal(ws.status, 101)
+        assert.equal(ws.protocol, 'binary')
+        assert.equal((await ws.next()).toString(), 'RFB 003.008\n')
+        ws.send('ping ✓')
+        assert.equal((await ws.next()).toString(), 'ping ✓')
+      } finally {
+        ws.close()
+      }
+
+      // A port nothing listens on is a 502, not a hang.
+      const closed = await fetchVia(tls, `https://${sbx.getHost(8124)}/`)
+      assert.equal(closed.status, 502)
+    } finally {
+      await server.kill()
+    }
+  })
+
+  it('getInfo and setTimeout', async () => {
+    const info = await sbx.getInfo()
+    assert.equal(info.sandboxId, sbx.sandboxId)
+    assert.equal(info.state, 'running')
+    assert.deepEqual(info.metadata, { suite: 'cubicle-e2b-js', run })
+    assert.ok(info.endAt > info.startedAt, `endAt ${info.endAt} after startedAt ${info.startedAt}`)
+    await sbx.setTimeout(15 * 60 * 1000)
+    const later = await sbx.getInfo()
+    const left = later.endAt.getTime() - Date.now()
+    assert.ok(left > 10 * 60 * 1000 && left <= 15 * 60 * 1000 + 5000, `after setTimeout(15 min) the sandbox ends in ${left} ms`)
+    await sbx.setTimeout(5 * 60 * 1000)
+    const shorter = await sbx.getInfo()
+    assert.ok(shorter.endAt < later.endAt, 'setTimeout can shorten the timeout')
+    const stat = await Sandbox.getInfo(sbx.sandboxId)
+    assert.equal(stat.sandboxId, sbx.sandboxId)
+  })
+
+  it('Sandbox.list finds it, by metadata too', async () => {
+    const all = await Sandbox.list().nextItems()
+    assert.ok(all.some((s) => s.sandboxId === sbx.sandboxId), 'Sandbox.list() lists the sandbox')
+    const mine = await Sandbox.list({ query: { metadata: { run } } }).nextItems()
+    assert.deepEqual(mine.map((s) => s.sandboxId), [sbx.sandboxId])
+    assert.equal(mine[0].state, 'running')
+    const running = await Sandbox.list({ query: { state: ['running'], metadata: { run } } }).nextItems()
+    assert.deepEqual(running.map((s) => s.sandboxId), [sbx.sandboxId])
+    const paused = await Sandbox.list({ query: { state: ['paused'], metadata: { run } } }).nextItems()
+    assert.deepEqual(paused, [])
+    const none = await Sandbox.list({ query: { metadata: { run: 'no-such-run' } } }).nextItems()
+    assert.deepEqual(none, [])
+  })
+
+  it('Sandbox.connect gives a working handle', async () => {
+    const again = await Sandbox.connect(sbx.sandboxId)
+    assert.equal(again.sandboxId, sbx.sandboxId)
+    assert.equal((await again.commands.run('echo connected')).stdout, 'connected\n')
+    assert.equal(await again.isRunning(), true)
+  })
+
+  it('kill: the sandbox is gone; a second kill is false', async () => {
+    const id = sbx.sandboxId
+    assert.equal(await sbx.kill(), true)
+    assert.equal(await sbx.isRunning(), false)
+    assert.equal(await Sandbox.kill(id), false)
+    await assert.rejects(Sandbox.connect(id), (e) => e.name === 'SandboxNotFoundError' || e.name === 'NotFoundError')
+    const mine = await Sandbox.list({ query: { metadata: { run } } }).nextItems()
+    assert.deepEqual(mine, [], 'a killed sandbox is not listed')
+    sbx = null
+  })
+})
+
+describe('e2b SDK, sandbox timeout', () => {
+  it('a sandbox is killed when its timeout runs out', async () => {
+    const sbx = await Sandbox.create('base', { timeoutMs: 5000, metadata: { suite: 'cubicle-e2b-js', run: `${run}-short` } })
+    try {
+      assert.equal((await sbx.commands.run('echo up')).stdout, 'up\n')
+      const t0 = Date.now()
+      await waitFor('the sandbox stopped at its timeout', async () => !(await sbx.isRunning()), 60000, 500)
+      const after = Date.now() - t0
+      assert.ok(after < 30000, `stopped ${after} ms after the check, want about 5 s after create`)
+      const listed = await Sandbox.list({ query: { metadata: { run: `${run}-short` } } }).nextItems()
+      assert.deepEqual(listed, [], 'a timed-out sandbox is not listed')
+      assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+    } finally {
+      await Sandbox.kill(sbx.sandboxId).catch(() => {})
+    }
+  })
+})
+
+describe('e2b SDK, wrong API key', () => {
+  const wrong = { apiKey: 'e2b_' + '0'.repeat(40) }
+
+  it('Sandbox.create throws AuthenticationError', async () => {
+    await assert.rejects(Sandbox.create('base', wrong), (e) => {
+      assert.ok(e instanceof AuthenticationError, `${e?.constructor?.name}: ${e?.message}`)
+      return true
+    })
+  })
+
+  it('Sandbox.list throws AuthenticationError', async () => {
+    await assert.rejects(Sandbox.list(wrong).nextItems(), AuthenticationError)
+  })
+
+  it('Sandbox.connect throws AuthenticationError', async () => {
+    await assert.rejects(Sandbox.connect('aaaaaaaaaaaaaaaaaaaa', wrong), AuthenticationError)
+  })
+})
