@@ -446,7 +446,8 @@ func report(backend string, rs []result, brs []backendResult, disks []result, sh
 	fmt.Fprintf(&b, "\n## Reading these numbers\n\n"+
 		"- The screen shows a page dense with coloured text (test/bench openBusyPage), so PNG sizes and times are those of a real page; a blank page encodes several times faster.\n"+
 		"- gVisor here runs on its ptrace platform inside a VM (no KVM), where every syscall of the agent, Xvfb and Chromium is trapped: the same operations under runc cost a fraction (click ≈ 1.6 ms, PNG of the same page ≈ 25 ms, measured during development). Part of the click time is Xvfb serving Chromium's reaction to the click before it answers the agent's sync.\n"+
-		"- The subprocess way pays a process start inside the sandbox per action (the `exec true` row is its floor), and for a screenshot three round trips, as E2B Desktop does.\n")
+		"- The subprocess way pays a process start inside the sandbox per action (the `exec true` row is its floor), and for a screenshot three round trips, as E2B Desktop does.\n"+
+		"- The `@e2b/desktop` rows are the unmodified E2B Desktop SDK (test/e2b-js/bench.mjs, Node) against cubicle's E2B API on the same sandbox: what an agent gets before it moves to the native API. leftClick() is two commands (xdotool mousemove --sync, then click) through envd's process service; screenshot() is scrot, a file read and a remove.\n")
 	fmt.Fprintf(&b, "\nTargets (issue 2): native click p50 ≤ 5 ms, screenshot PNG p50 ≤ 40 ms, each ≥ 10× faster than its subprocess twin; create-to-ready ≤ 3 s.\n")
 	return b.String()
 }
