@@ -20,6 +20,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -30,12 +31,17 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent/reap"
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
+	"github.com/cubicle-dev/cubicle/internal/agent/xdo"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "xdotool" {
+		// The desktop image's /usr/local/bin/xdotool: see internal/agent/xdo.
+		os.Exit(xdo.Main(os.Args[2:], os.Getenv, os.Stderr))
+	}
 	if vminit.IsInit() {
 		// The kernel passes its unknown parameters as arguments: no flags.
 		runVM()
@@ -117,6 +123,21 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, i
 		go func() { serveErr <- srv.Serve(l) }()
 	}
 
+	var typeSrv *http.Server
+	if cfg != nil {
+		// Only a desktop sandbox has an xdotool for the wrapper to improve.
+		if tl, err := xdo.Listen(xdo.SocketPath); err != nil {
+			log.Warn("xdotool type wrapper disabled", "err", err)
+		} else {
+			typeSrv = &http.Server{Handler: xdo.Handler(display, desk, log), ReadHeaderTimeout: 10 * time.Second}
+			go func() {
+				if err := typeSrv.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					log.Warn("xdotool type wrapper", "err", err)
+				}
+			}()
+		}
+	}
+
 	var sup *session.Supervisor
 	if cfg != nil {
 		vars, err := session.VarsFromEnv(os.Getenv)
@@ -151,6 +172,9 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, i
 		_ = sup.Stop(ctx)
 	}
 	srv.Process.Signal(syscall.SIGTERM)
+	if typeSrv != nil {
+		_ = typeSrv.Shutdown(ctx)
+	}
 	_ = srv.Shutdown(ctx)
 	return err
 }

@@ -162,13 +162,14 @@ describe('@e2b/desktop SDK, template desktop', { timeout: 15 * 60 * 1000 }, () =
 
   it('write, including non-ASCII text', async (t) => {
     await desktop.leftClick(500, 400) // focuses the page's text field
-    // Lower case only: xdotool type binds a character missing from the
-    // keymap to a spare keycode as a single keysym, which X reads as the
-    // lower-case half of a pair, so "Ä" comes out "ä" (on E2B too). And
-    // xdotool races the application for such a character: now and then
-    // one is lost (most often the last one typed), so a few attempts are
-    // allowed. The command the daemon runs carries the text intact either
-    // way; a lost character is the X side's.
+    // Lower case only: a character missing from the keymap is bound to a
+    // spare keycode as a single keysym, which X reads as the lower-case
+    // half of a pair, so "Ä" comes out "ä" (on E2B too). The real xdotool
+    // also races the application for such characters and loses some now
+    // and then; the image's xdotool wrapper hands "type" to the agent,
+    // which does not (test/e2e TestDesktopEndToEnd checks that path
+    // exactly, once). A second attempt is allowed here only so that one
+    // slow moment of Chromium on a loaded CI machine is not a failure.
     const text = 'héllo wörld ✓ ß € 日本 ok'
     for (let attempt = 1; ; attempt++) {
       await desktop.write(text)
@@ -176,7 +177,7 @@ describe('@e2b/desktop SDK, template desktop', { timeout: 15 * 60 * 1000 }, () =
       const got = seen.replace(/^.* text=/, '').replace(/ - Chromium$/, '')
       if (got === text) break
       t.diagnostic(`attempt ${attempt}: typed ${JSON.stringify(text)}, the page got ${JSON.stringify(got)}`)
-      assert.ok(attempt < 3, `write(${JSON.stringify(text)}) gave ${JSON.stringify(got)} ${attempt} times`)
+      assert.ok(attempt < 2, `write(${JSON.stringify(text)}) gave ${JSON.stringify(got)} ${attempt} times`)
       await desktop.press(['ctrl', 'a'])
       await desktop.press('backspace')
       await titleMatches('the field cleared', / text=( - Chromium)?$/)

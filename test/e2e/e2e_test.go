@@ -126,6 +126,23 @@ func TestDesktopEndToEnd(t *testing.T) {
 			}
 			waitFor(t, "title shows typed text", func() bool { return hasWindowTitle(t, c, sb.ID, "typed: "+text) })
 
+			// `xdotool type` as a user (E2B's Desktop SDK types this way)
+			// goes through the agent: with /usr/bin/xdotool moved away the
+			// image's wrapper still types characters missing from the
+			// keyboard map, and they all arrive.
+			const xtext = " ж東✓€ß日本ü"
+			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"sh", "-c",
+				`mv /usr/bin/xdotool /usr/bin/xdotool.off || exit 9
+su user -c "xdotool type --delay 12 -- '` + xtext + `'"; rc=$?
+mv /usr/bin/xdotool.off /usr/bin/xdotool; exit $rc`}})
+			if err != nil || res.ExitCode != 0 {
+				t.Fatalf("xdotool type without /usr/bin/xdotool: %+v %v", res, err)
+			}
+			if !eventually(20*time.Second, func() bool { return hasWindowTitle(t, c, sb.ID, "typed: "+text+xtext) }) {
+				ws, _ := c.Windows(ctx, sb.ID)
+				t.Fatalf("xdotool type %q: window titles %+v, want one with %q", xtext, ws, "typed: "+text+xtext)
+			}
+
 			// JPEG and scaled screenshots decode to the requested size.
 			jpg, err := c.Screenshot(ctx, sb.ID, client.ScreenshotOptions{Format: "jpeg", Scale: 0.5})
 			if err != nil {
@@ -137,7 +154,7 @@ func TestDesktopEndToEnd(t *testing.T) {
 			}
 
 			// exec: stdout, stderr, exit code, DISPLAY set.
-			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: `echo "out:$DISPLAY"; echo err >&2; exit 3`})
+			res, err = c.Exec(ctx, sb.ID, client.ExecRequest{Command: `echo "out:$DISPLAY"; echo err >&2; exit 3`})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -258,13 +275,21 @@ func near(a, b color.RGBA) bool {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	if !eventually(60*time.Second, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// eventually polls cond until it holds or timeout passes.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	return true
 }
 
 // assertNoTrace checks that nothing of sandbox id is left on the host: no

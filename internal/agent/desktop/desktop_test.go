@@ -236,14 +236,7 @@ func TestKeyboard(t *testing.T) {
 		t.Run("type "+text, func(t *testing.T) {
 			c.drain()
 			do(t, d, action.Action{Type: "type", Text: text})
-			c.sync()
-			deadline := time.Now().Add(3 * time.Second)
-			for c.typedText() != text && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if got := c.typedText(); got != text {
-				t.Errorf("typed %q, window got %q", text, got)
-			}
+			c.waitTyped(text, 3*time.Second)
 		})
 	}
 
@@ -261,6 +254,46 @@ func TestKeyboard(t *testing.T) {
 		if got := c.typedText(); got != "abc\nd" {
 			t.Errorf("window got %q, want %q", got, "abc\nd")
 		}
+	})
+
+	// The keycodes for characters the keyboard lacks are all bound before
+	// the first of them is typed, so no client reads a key event of a
+	// freshly bound keycode with a stale map (Chromium dropped such
+	// characters).
+	t.Run("bindings before keys", func(t *testing.T) {
+		const text = "жѣ東✓€ß日本ü"
+		c.drain()
+		do(t, d, action.Action{Type: "type", Text: text, DelayMS: 5})
+		c.waitTyped(text, 3*time.Second)
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		keys, late := 0, 0
+		for _, ev := range c.events {
+			switch ev.(type) {
+			case xproto.KeyPressEvent:
+				keys++
+			case xproto.MappingNotifyEvent:
+				if keys > 0 {
+					late++
+				}
+			}
+		}
+		if keys == 0 || late > 0 {
+			t.Errorf("%d keyboard mapping changes after the first of %d key presses, want none", late, keys)
+		}
+	})
+
+	// More distinct missing characters than spare keycodes: typed in
+	// batches, each bound before its first key, still all arrive.
+	t.Run("more characters than spare keycodes", func(t *testing.T) {
+		var b strings.Builder
+		for r := rune(0x4e00); b.Len() < 3*120; r += 7 { // 120 distinct CJK ideographs
+			b.WriteRune(r)
+		}
+		text := b.String()
+		c.drain()
+		do(t, d, action.Action{Type: "type", Text: text})
+		c.waitTyped(text, 5*time.Second)
 	})
 
 	t.Run("mapping restored", func(t *testing.T) {
@@ -310,6 +343,45 @@ func TestRestoreTimer(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Error("keycode bound to 東 not restored")
+}
+
+// TestRestoreAfterLongTyping: when the restore timer fires while typing
+// holds the input lock, the characters just typed still stay bound for
+// restoreAfter after the typing ends, not unbound the moment it does.
+func TestRestoreAfterLongTyping(t *testing.T) {
+	old := restoreAfter
+	restoreAfter = 100 * time.Millisecond
+	defer func() { restoreAfter = old }()
+	d, display := openDesktop(t)
+	c := newClient(t, display, winX, winY, winW, winH, "restore late")
+	bound := func(ks xproto.Keysym) bool {
+		var k keymapCopy
+		if err := k.load(c.conn); err != nil {
+			t.Fatal(err)
+		}
+		return slices.Contains(k.syms, ks)
+	}
+	do(t, d, action.Action{Type: "type", Text: "東"})
+	// A long type action: it holds inputMu past the timer's expiry, then
+	// types 本 last.
+	d.inputMu.Lock()
+	time.Sleep(2 * restoreAfter)
+	if err := d.typeText(context.Background(), "本", 0); err != nil {
+		d.inputMu.Unlock()
+		t.Fatal(err)
+	}
+	d.inputMu.Unlock()
+	time.Sleep(restoreAfter / 4)
+	if !bound(0x100672c) {
+		t.Fatalf("本 unbound %v after it was typed, want bound for %v", restoreAfter/4, restoreAfter)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for bound(0x100672c) {
+		if time.Now().After(deadline) {
+			t.Fatal("本 never unbound")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func shot(t *testing.T, d *Desktop, a action.Action) (*shotInfo, image.Image) {

@@ -240,23 +240,44 @@ func (d *Desktop) holdKey(ctx context.Context, keys []string, duration time.Dura
 	return waitErr
 }
 
+// bindSettle is how long typing waits after binding keycodes for the
+// characters the keyboard lacks, before the first of them is typed.
+const bindSettle = 50 * time.Millisecond
+
+// settleBindings gives clients a moment to take in a burst of new
+// bindings before the first key that needs them: without it the first
+// key was lost in one try of ten.
+func (d *Desktop) settleBindings(ctx context.Context) error {
+	if err := d.sync(); err != nil {
+		return err
+	}
+	return sleep(ctx, bindSettle)
+}
+
 // typeText types text one character at a time, delay apart. "\r\n" types
 // one Return.
 func (d *Desktop) typeText(ctx context.Context, text string, delay time.Duration) error {
 	defer d.keys.scheduleRestore()
-	var shift *keyPos
+	var syms []action.Keysym
 	prev := rune(0)
-	first := true
 	for _, r := range text {
 		if r == '\n' && prev == '\r' {
 			prev = r
 			continue
 		}
 		prev = r
+		ks, ok := action.RuneKeysym(r)
+		if !ok {
+			return &action.Error{Msg: fmt.Sprintf("the character U+%04X cannot be typed", r)}
+		}
+		syms = append(syms, ks)
+	}
+	var shift *keyPos
+	for i, ks := range syms {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if !first && delay > 0 {
+		if i > 0 && delay > 0 {
 			if err := d.sync(); err != nil {
 				return err
 			}
@@ -264,10 +285,16 @@ func (d *Desktop) typeText(ctx context.Context, text string, delay time.Duration
 				return err
 			}
 		}
-		first = false
-		ks, ok := action.RuneKeysym(r)
-		if !ok {
-			return &action.Error{Msg: fmt.Sprintf("the character U+%04X cannot be typed", r)}
+		if i == 0 || !d.keys.has(ks) {
+			n, err := d.keys.prebind(syms[i:])
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				if err := d.settleBindings(ctx); err != nil {
+					return err
+				}
+			}
 		}
 		p, err := d.keys.lookup(ks)
 		if err != nil {

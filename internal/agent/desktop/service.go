@@ -52,6 +52,18 @@ func (s *Service) desktop() *Desktop {
 	return s.d
 }
 
+// Type types text on the display, delayMS apart, for the in-sandbox
+// xdotool wrapper (internal/agent/xdo). A mistake in the request is an
+// *action.Error; without a desktop it fails with another error.
+func (s *Service) Type(ctx context.Context, text string, delayMS int) error {
+	d := s.desktop()
+	if d == nil {
+		return errors.New("the X display is not up yet")
+	}
+	_, err := d.Do(ctx, action.Action{Type: action.TypeType, Text: text, DelayMS: delayMS})
+	return err
+}
+
 var errNoDesktop = connect.NewError(connect.CodeUnavailable, errors.New("the X display is not up yet"))
 
 // Info reports the version, capabilities and screen. Ready becomes true

@@ -266,6 +266,20 @@ func (c *client) drain() {
 	c.mu.Unlock()
 }
 
+// waitTyped waits up to timeout for the window to have received exactly
+// text, and fails the test if it does not.
+func (c *client) waitTyped(text string, timeout time.Duration) {
+	c.tb.Helper()
+	c.sync()
+	deadline := time.Now().Add(timeout)
+	for c.typedText() != text && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := c.typedText(); got != text {
+		c.tb.Errorf("typed %q, window got %q", text, got)
+	}
+}
+
 // typedText returns the runes typed so far.
 func (c *client) typedText() string {
 	c.mu.Lock()
