@@ -10,7 +10,7 @@ FUZZTIME  ?= 10s
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e fuzz bench lint clean
+.PHONY: all build deps image run test unit e2e security fuzz bench lint clean
 
 all: build
 
@@ -47,6 +47,15 @@ unit:
 e2e: deps image
 	BACKEND=$(BACKEND) CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -p 1 -count=1 -timeout 30m -v ./test/e2e/... \
 		$(if $(filter firecracker,$(BACKEND)),./internal/driver/firecracker/...)
+
+# security is the security suite on its own (make test runs it too): every
+# route of the native and E2B APIs attacked from outside (test/security),
+# and sandboxes attacking the daemon, the host, each other and the cloud
+# metadata address inside a network namespace the test makes
+# (test/e2e TestNetwork).
+security: deps image
+	$(GO) test -count=1 -timeout 30m -v ./test/security/
+	$(GO) test -count=1 -timeout 30m -run '^TestNetwork$$' -v ./test/e2e/
 
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)

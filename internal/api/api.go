@@ -216,6 +216,25 @@ func New(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *Server 
 	return &Server{s: newServer(cfg, mgr, m, log)}
 }
 
+// RouteInfo is one endpoint of the native API and what it takes to use it.
+type RouteInfo struct {
+	Pattern string // ServeMux pattern: "METHOD /path", {id} for a sandbox
+	// Auth is "key" (an API key), "open" (nothing) or "key-or-token" (an
+	// API key or a live-view token for the sandbox).
+	Auth string
+}
+
+// Routes lists every endpoint of the native API, from the same table that
+// registers them, so that tests (the security suite) cover each one.
+func (h *Server) Routes() []RouteInfo {
+	var out []RouteInfo
+	for _, rt := range h.s.routes() {
+		auth := map[authMode]string{authKey: "key", authOpen: "open", authKeyOrTok: "key-or-token"}[rt.auth]
+		out = append(out, RouteInfo{Pattern: rt.pattern, Auth: auth})
+	}
+	return out
+}
+
 // ServeHTTP serves the API.
 func (h *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.s.ServeHTTP(w, r) }
 

@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 )
 
 // writeJSON answers with v as JSON.
@@ -47,6 +48,16 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 // decodeStrict decodes exactly one JSON value into v, rejecting unknown
 // fields. Errors are 400 invalid_argument with a message free of Go types.
 func decodeStrict(data []byte, v any) error {
+	// encoding/json takes null for any struct and changes nothing: a
+	// request of "null" would pass for "{}" (a create with every default).
+	if bytes.Equal(bytes.TrimSpace(data), []byte("null")) {
+		return invalidf("invalid JSON body: expected a JSON object, not null")
+	}
+	// encoding/json turns invalid UTF-8 into U+FFFD without a word; a
+	// command or path would then run or name something else than sent.
+	if !utf8.Valid(data) {
+		return invalidf("invalid JSON body: not valid UTF-8")
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {

@@ -41,6 +41,8 @@ func TestParseCreateRequest(t *testing.T) {
 
 		{name: "malformed", body: `{"template":`, err: "invalid JSON"},
 		{name: "empty body", body: ``, err: "empty body"},
+		{name: "null", body: `null`, err: "not null"},
+		{name: "invalid UTF-8", body: "{\"template\":\"desk\xfftop\"}", err: "UTF-8"},
 		{name: "not an object", body: `[]`, err: "wrong type"},
 		{name: "trailing data", body: `{} {}`, err: "unexpected data"},
 		{name: "unknown field", body: `{"templat":"desktop"}`, err: `unknown field "templat"`},

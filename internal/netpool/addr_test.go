@@ -152,8 +152,9 @@ func TestRuleset(t *testing.T) {
 		{"inet", "forward", "drop accept drop jump sb-a jump sb-b jump sb-c drop"},
 		{"inet", "postrouting", "other"},
 		{"inet", "sb-a", "drop"},
-		{"inet", "sb-b", "accept accept drop"},
-		{"inet", "sb-c", "accept drop"},
+		// The cloud metadata addresses are dropped before any allow rule.
+		{"inet", "sb-b", "drop drop accept accept drop"},
+		{"inet", "sb-c", "drop drop accept drop"},
 		{"bridge", "prerouting", strings.Repeat("drop ", 12)[:len(strings.Repeat("drop ", 12))-1]},
 	} {
 		if got := strings.Join(verdicts(ts, tc.family, tc.chain), " "); got != tc.want {

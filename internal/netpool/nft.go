@@ -65,6 +65,11 @@ func ruleset(bridge string, prefix netip.Prefix, atts []*attachment) []table {
 		c := &nftables.Chain{Name: name, Table: inet}
 		fwdRules = append(fwdRules, cat(in, ip4Saddr(netip.PrefixFrom(a.Addr, 32)), jump(name)))
 		var rules [][]expr.Any
+		if len(a.Allow) > 0 { // (with none, the chain drops everything anyway)
+			for _, p := range neverEgress() {
+				rules = append(rules, cat(daddr(p), verdict(expr.VerdictDrop)))
+			}
+		}
 		for _, p := range a.Allow {
 			rules = append(rules, cat(daddr(p), verdict(expr.VerdictAccept)))
 		}
@@ -98,6 +103,19 @@ func ruleset(bridge string, prefix netip.Prefix, atts []*attachment) []table {
 	}
 	brT := table{t: br, chains: []chain{{c: pre, rules: preRules}}}
 	return []table{inetT, brT}
+}
+
+// neverEgress are destinations no egress policy opens, not even "all" or
+// an allow-list that names them: link-local 169.254.0.0/16 holds the cloud
+// metadata service (169.254.169.254 on AWS, GCP, Azure, OpenStack...),
+// which hands out the host's credentials to whoever asks, and Alibaba
+// Cloud serves its metadata at 100.100.100.200. (IPv6, where AWS also
+// serves it, never leaves a sandbox: the bridge drops it.)
+func neverEgress() []netip.Prefix {
+	return []netip.Prefix{
+		netip.MustParsePrefix("169.254.0.0/16"),
+		netip.MustParsePrefix("100.100.100.200/32"),
+	}
 }
 
 // sandboxChain is the name of a sandbox's egress chain.

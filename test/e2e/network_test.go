@@ -36,6 +36,9 @@ import (
 // kernel configuring eth0 from ip=), each with its own daemon, bridge and
 // address range. At most two sandboxes run at once: under TCG each VM
 // costs a core.
+// metadataAddr is where clouds serve instance metadata and credentials.
+const metadataAddr = "169.254.169.254"
+
 func TestNetwork(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -43,8 +46,17 @@ func TestNetwork(t *testing.T) {
 	needs.Command(t, "nft")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
 	tmp := t.TempDir()
+	// The internet namespace also answers at 169.254.169.254, the cloud
+	// metadata address, routed from the host: on a cloud VM a sandbox
+	// with egress "all" would reach it the same way.
 	srv := netpooltest.Peer(t, tmp, "internet", "tinet0", netip.MustParsePrefix("192.0.2.254/24"),
-		netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24"))
+		netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix(metadataAddr+"/32"))
+	if l, err := netlink.LinkByName("tinet0"); err != nil {
+		t.Fatal(err)
+	} else if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index,
+		Dst: &net.IPNet{IP: net.ParseIP(metadataAddr).To4(), Mask: net.CIDRMask(32, 32)}, Gw: net.ParseIP("192.0.2.1")}); err != nil {
+		t.Fatal(err)
+	}
 	var web net.Listener
 	if err := netpooltest.Do(srv, func() (err error) { web, err = net.Listen("tcp4", "0.0.0.0:8080"); return err }); err != nil {
 		t.Fatal(err)
@@ -219,6 +231,9 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 	if got, want := get(allow.ID, "192.0.2.1"), "hello from 192.0.2.1"; got != want {
 		t.Errorf("allow-list → allowed server: GET = %q, want %q", got, want)
 	}
+	if err := netpooltest.Dial("", metadataAddr+":8080"); err != nil {
+		t.Errorf("host → cloud metadata address (control): %v", err)
+	}
 	if resp, err := http.Get(fmt.Sprintf("http://%s:%s/healthz", gw, apiPort)); err != nil {
 		t.Errorf("host → API on the gateway (control): %v", err)
 	} else {
@@ -240,6 +255,7 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 		{"all → API on the gateway", all.ID, gw + ":" + apiPort, "closed"},
 		{"all → API on the host's other address", all.ID, "192.0.2.254:" + apiPort, "closed"},
 		{"all → other guest", all.ID, allow.IP + ":9000", "closed"},
+		{"all → cloud metadata address", all.ID, metadataAddr + ":8080", "closed"},
 		{"allow-list after another's destroy → allowed server", allow.ID, "192.0.2.1:8080", "open"},
 	})
 	if got := get(all.ID, "192.0.2.2"); got != "hello from 192.0.2.2" {
