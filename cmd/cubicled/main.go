@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/driver"
@@ -66,6 +68,15 @@ func envDuration(name string, def time.Duration) time.Duration {
 	return def
 }
 
+func envFloat(name string, def float64) float64 {
+	if v := os.Getenv(name); v != "" {
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			return f
+		}
+	}
+	return def
+}
+
 func envInt(name string, def int) int {
 	if v := os.Getenv(name); v != "" {
 		if n, err := strconv.Atoi(v); err == nil {
@@ -83,6 +94,8 @@ func run() error {
 		imageDir       = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images (CUBICLE_IMAGE_DIR)")
 		defaultBackend = flag.String("default-backend", envOr("CUBICLE_DEFAULT_BACKEND", "auto"), "auto, qemu, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
 		maxSandboxes   = flag.Int("max-sandboxes", envInt("CUBICLE_MAX_SANDBOXES", 16), "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
+		keyMax         = flag.Int("key-max-sandboxes", envInt("CUBICLE_KEY_MAX_SANDBOXES", 0), "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
+		keyRate        = flag.Float64("key-create-rate", envFloat("CUBICLE_KEY_CREATE_RATE", 0), "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
 		idleTimeout    = flag.Duration("idle-timeout", envDuration("CUBICLE_IDLE_TIMEOUT", 30*time.Minute), "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
 		maxLifetime    = flag.Duration("max-lifetime", envDuration("CUBICLE_MAX_LIFETIME", 60*time.Minute), "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
 		agentBin       = flag.String("agent-bin", envOr("CUBICLE_AGENT_BIN", filepath.Join(filepath.Dir(exe), "cubicle-agent")), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
@@ -167,12 +180,16 @@ func run() error {
 			return img.RootFS, nil
 		},
 		MaxSandboxes: *maxSandboxes,
-		IdleTimeout:  *idleTimeout,
-		MaxLifetime:  lifetime,
-		ReadyTimeout: *readyTimeout,
-		Network:      netPool,
-		Metrics:      m,
-		Log:          log,
+		MaxPerOwner:  *keyMax,
+		// Per key: the rate, with bursts of twice it (at least one create).
+		OwnerCreateRate:  rate.Limit(*keyRate),
+		OwnerCreateBurst: max(1, int(2**keyRate)),
+		IdleTimeout:      *idleTimeout,
+		MaxLifetime:      lifetime,
+		ReadyTimeout:     *readyTimeout,
+		Network:          netPool,
+		Metrics:          m,
+		Log:              log,
 	})
 	if err != nil {
 		return err

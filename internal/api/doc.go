@@ -9,7 +9,8 @@
 //
 // Choices the contract leaves open, made here:
 //   - errdefs.ErrNotSupported answers 409 with code "not_supported";
-//     errdefs.ErrCapacity answers 503 "capacity_exhausted"; an unreachable
+//     errdefs.ErrCapacity answers 503 "capacity_exhausted" (429 when it
+//     is one API key's quota, errdefs.ErrQuota); an unreachable
 //     agent answers 503 "unavailable".
 //   - Unknown routes answer 404 "not_found", known paths with a wrong
 //     method 405 "method_not_allowed" (with Allow), both only after auth.

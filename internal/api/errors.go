@@ -79,6 +79,7 @@ var kinds = []struct {
 	{errdefs.ErrInvalid, http.StatusBadRequest, codeInvalid, "invalid argument"},
 	{errdefs.ErrConflict, http.StatusConflict, codeConflict, "conflict"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, codeUnavailable, "temporarily unavailable"},
+	{errdefs.ErrQuota, http.StatusTooManyRequests, codeCapacity, "this API key has no room for another sandbox"},
 	{errdefs.ErrCapacity, http.StatusServiceUnavailable, codeCapacity, "no capacity for another sandbox"},
 	{errdefs.ErrRateLimited, http.StatusTooManyRequests, codeRateLimited, "too many requests"},
 	{errdefs.ErrTimeout, http.StatusGatewayTimeout, codeTimeout, "timed out"},

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
 // unmatchedRoute labels requests that match no route in logs and metrics.
@@ -90,6 +92,26 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 var errUnauthorized = &httpError{status: http.StatusUnauthorized, code: codeUnauthorized,
 	msg: "missing or invalid API key (send X-API-Key or Authorization: Bearer)"}
 
+// requestKey is the API key r carries: X-API-Key, else a bearer token.
+func requestKey(r *http.Request) string {
+	if key := r.Header.Get("X-API-Key"); key != "" {
+		return key
+	}
+	if auth := r.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
+		return strings.TrimSpace(auth[7:])
+	}
+	return ""
+}
+
+// owner is who r acts for, for the per-key quotas: the digest of its API
+// key, or "" when the daemon has no keys.
+func (s *server) owner(r *http.Request) string {
+	if len(s.keys) == 0 {
+		return ""
+	}
+	return sandbox.KeyOwner(requestKey(r))
+}
+
 // authorized reports whether r carries one of the configured API keys. Both
 // sides are hashed so that the comparison is constant time whatever the
 // lengths, and every key is compared, without an early exit.
@@ -97,12 +119,7 @@ func (s *server) authorized(r *http.Request) bool {
 	if len(s.keys) == 0 {
 		return true
 	}
-	key := r.Header.Get("X-API-Key")
-	if key == "" {
-		if auth := r.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-			key = strings.TrimSpace(auth[7:])
-		}
-	}
+	key := requestKey(r)
 	if key == "" {
 		return false
 	}

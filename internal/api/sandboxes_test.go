@@ -115,6 +115,12 @@ func TestCreateSandbox(t *testing.T) {
 	if !e.mgr.lastWait || e.mgr.lastCreate.Template != "desktop" {
 		t.Errorf("manager got %+v wait=%v", e.mgr.lastCreate, e.mgr.lastWait)
 	}
+	// The sandbox belongs to the caller's key (for per-key quotas), never
+	// to an owner the body names.
+	if got, want := e.mgr.lastCreate.Owner, sandbox.KeyOwner(testKey); got != want || got == "" {
+		t.Errorf("owner = %q, want %q", got, want)
+	}
+	wantError(t, e.do("POST", "/v1/sandboxes", strings.NewReader(`{"owner":"someone-else"}`)), 400, codeInvalid)
 
 	sb = decode[sandbox.Sandbox](t, e.do("POST", "/v1/sandboxes?wait=false", strings.NewReader(`{}`)), http.StatusCreated)
 	if e.mgr.lastWait || sb.State != sandbox.StateStarting {

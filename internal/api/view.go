@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -369,9 +370,44 @@ func (s *server) checkUpgrade(r *http.Request) error {
 // view" on a new sandbox.
 const vncStartWait = 10 * time.Second
 
+// vncGreetWait is how long the VNC server has to send its ProtocolVersion
+// on a new connection (x11vnc takes ~0.15 s), and vncGreetTries how many
+// connections the proxy tries before it gives up.
+const (
+	vncGreetWait  = 4 * time.Second
+	vncGreetTries = 3
+)
+
+// errNoGreeting is a VNC server that accepted a connection and said nothing.
+var errNoGreeting = &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+	msg: "the sandbox's VNC server accepted the connection but did not answer"}
+
 // forwardVNC opens the stream to the VNC server, retrying while nothing
-// listens yet.
+// listens yet, and returns it once the server has greeted (the greeting
+// is replayed to the viewer). x11vnc with -threads once accepted a viewer
+// and never greeted it (a CI run waited 30 s); such a connection is
+// dropped and another one tried.
 func forwardVNC(ctx context.Context, agent *agentclient.Client, port int) (io.ReadWriteCloser, error) {
+	var err error
+	for range vncGreetTries {
+		var up io.ReadWriteCloser
+		if up, err = listeningVNC(ctx, agent, port); err != nil {
+			return nil, err
+		}
+		var rw io.ReadWriteCloser
+		if rw, err = greeted(up, vncGreetWait); err == nil {
+			return rw, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return nil, err
+}
+
+// listeningVNC opens the stream to the VNC server, retrying while nothing
+// listens yet.
+func listeningVNC(ctx context.Context, agent *agentclient.Client, port int) (io.ReadWriteCloser, error) {
 	ctx, cancel := context.WithTimeout(ctx, vncStartWait)
 	defer cancel()
 	for {
@@ -387,6 +423,37 @@ func forwardVNC(ctx context.Context, agent *agentclient.Client, port int) (io.Re
 		}
 	}
 }
+
+// greeted waits up to wait for the 12-byte RFB ProtocolVersion on up and
+// returns up with those bytes put back in front; on failure it closes up.
+func greeted(up io.ReadWriteCloser, wait time.Duration) (io.ReadWriteCloser, error) {
+	greeting := make([]byte, 12)
+	done := make(chan error, 1)
+	go func() { _, err := io.ReadFull(up, greeting); done <- err }()
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			up.Close()
+			return nil, fmt.Errorf("read the VNC server's greeting: %w", err)
+		}
+		return &replayed{ReadWriteCloser: up, r: io.MultiReader(bytes.NewReader(greeting), up)}, nil
+	case <-t.C:
+		up.Close() // ends the read
+		<-done
+		return nil, errNoGreeting
+	}
+}
+
+// replayed is a stream whose first bytes were read already and are read
+// again from r.
+type replayed struct {
+	io.ReadWriteCloser
+	r io.Reader
+}
+
+func (p *replayed) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // vncError turns a failed forward into an API error.
 func vncError(err error) error {

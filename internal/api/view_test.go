@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -575,5 +576,34 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 			t.Fatalf("timed out waiting for: %s\n%s", what, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestGreeted(t *testing.T) {
+	// A server that greets: the greeting reaches the viewer all the same.
+	srv, cl := net.Pipe()
+	go func() { srv.Write([]byte("RFB 003.008\nmore")) }()
+	rw, err := greeted(cl, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 16)
+	if _, err := io.ReadFull(rw, got); err != nil || string(got) != "RFB 003.008\nmore" {
+		t.Errorf("read %q, %v", got, err)
+	}
+	rw.Close()
+
+	// A server that accepts and says nothing: refused, and closed.
+	srv, cl = net.Pipe()
+	defer srv.Close()
+	start := time.Now()
+	if _, err := greeted(cl, 100*time.Millisecond); !errors.Is(err, errNoGreeting) {
+		t.Fatalf("silent server: %v, want errNoGreeting", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("gave up after %v", el)
+	}
+	if _, err := srv.Write([]byte("x")); err == nil {
+		t.Error("the silent connection was left open")
 	}
 }

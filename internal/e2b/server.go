@@ -204,6 +204,26 @@ func (s *Server) requireKey(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
+// requestKey is the API key r carries: X-API-Key, else a bearer token.
+func requestKey(r *http.Request) string {
+	if key := r.Header.Get("X-API-Key"); key != "" {
+		return key
+	}
+	const prefix = "bearer "
+	if auth := r.Header.Get("Authorization"); len(auth) > len(prefix) && strings.EqualFold(auth[:len(prefix)], prefix) {
+		return strings.TrimSpace(auth[len(prefix):])
+	}
+	return ""
+}
+
+// owner is who r acts for, for the per-key quotas (see sandbox.KeyOwner).
+func (s *Server) owner(r *http.Request) string {
+	if len(s.keys) == 0 {
+		return ""
+	}
+	return sandbox.KeyOwner(requestKey(r))
+}
+
 // authorized reports whether r carries one of the configured keys, in
 // X-API-Key (the JS SDK spells it X-API-KEY; header names are
 // case-insensitive) or else as a bearer token. Both sides are hashed so the
@@ -213,13 +233,7 @@ func (s *Server) authorized(r *http.Request) bool {
 	if len(s.keys) == 0 {
 		return true
 	}
-	key := r.Header.Get("X-API-Key")
-	if key == "" {
-		const prefix = "bearer "
-		if auth := r.Header.Get("Authorization"); len(auth) > len(prefix) && strings.EqualFold(auth[:len(prefix)], prefix) {
-			key = strings.TrimSpace(auth[len(prefix):])
-		}
-	}
+	key := requestKey(r)
 	if key == "" {
 		return false
 	}

@@ -137,7 +137,7 @@ func TestCreate(t *testing.T) {
 		{
 			name: "v2 minimal", path: "/v2/sandboxes", body: `{"templateID":"desktop"}`, wantStatus: 201, template: "desktop",
 			check: func(t *testing.T, req sandbox.CreateRequest) {
-				want := sandbox.CreateRequest{Template: "desktop", TimeoutSeconds: 300, IdleTimeoutSeconds: idleNever}
+				want := sandbox.CreateRequest{Template: "desktop", TimeoutSeconds: 300, IdleTimeoutSeconds: idleNever, Owner: sandbox.KeyOwner(testKey)}
 				if diff := cmp.Diff(want, req); diff != "" {
 					t.Errorf("create request (-want +got):\n%s", diff)
 				}
@@ -158,7 +158,7 @@ func TestCreate(t *testing.T) {
 			check: func(t *testing.T, req sandbox.CreateRequest) {
 				want := sandbox.CreateRequest{Template: "desktop", TimeoutSeconds: 600, IdleTimeoutSeconds: idleNever,
 					Env: map[string]string{"DISPLAY": ":0", "_X1": "y"}, Metadata: map[string]string{"run": "42"},
-					Network: sandbox.Network{Egress: "none"}}
+					Network: sandbox.Network{Egress: "none"}, Owner: sandbox.KeyOwner(testKey)}
 				if diff := cmp.Diff(want, req); diff != "" {
 					t.Errorf("create request (-want +got):\n%s", diff)
 				}

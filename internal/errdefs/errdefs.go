@@ -12,11 +12,14 @@ import (
 // The error kinds. Wrap them with fmt.Errorf("...: %w", ErrX) or use the
 // constructors below, which also mark the message as safe to show users.
 var (
-	ErrNotFound        = errors.New("not found")
-	ErrInvalid         = errors.New("invalid argument")
-	ErrConflict        = errors.New("conflict")
-	ErrUnavailable     = errors.New("unavailable")
-	ErrCapacity        = errors.New("capacity exhausted")
+	ErrNotFound    = errors.New("not found")
+	ErrInvalid     = errors.New("invalid argument")
+	ErrConflict    = errors.New("conflict")
+	ErrUnavailable = errors.New("unavailable")
+	ErrCapacity    = errors.New("capacity exhausted")
+	// ErrQuota is ErrCapacity of one caller (an API key at its limit),
+	// not of the daemon: the caller, not the daemon, must back off.
+	ErrQuota           = fmt.Errorf("%w for this API key", ErrCapacity)
 	ErrRateLimited     = errors.New("rate limited")
 	ErrTimeout         = errors.New("timeout")
 	ErrNotSupported    = errors.New("not supported")

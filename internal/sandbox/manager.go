@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/driver"
@@ -44,12 +45,19 @@ type Config struct {
 	DefaultBackend string                   // "auto" (default) or a backend name
 	Images         ImageResolver            // template → rootfs (required)
 	MaxSandboxes   int                      // default 16
-	IdleTimeout    time.Duration            // default 30 min
-	MaxLifetime    time.Duration            // default 60 min; < 0 = unlimited
-	ReadyTimeout   time.Duration            // default 90 s: create → desktop ready
-	Retention      time.Duration            // how long stopped/failed records stay listed; default 10 min
-	ReapInterval   time.Duration            // default 1 s
-	Clock          Clock
+	// MaxPerOwner caps the live sandboxes of one owner (one API key, see
+	// CreateRequest.Owner); 0 means only MaxSandboxes applies.
+	MaxPerOwner int
+	// OwnerCreateRate and OwnerCreateBurst limit how fast one owner may
+	// create sandboxes (per second; burst default 1); 0 means no limit.
+	OwnerCreateRate  rate.Limit
+	OwnerCreateBurst int
+	IdleTimeout      time.Duration // default 30 min
+	MaxLifetime      time.Duration // default 60 min; < 0 = unlimited
+	ReadyTimeout     time.Duration // default 90 s: create → desktop ready
+	Retention        time.Duration // how long stopped/failed records stay listed; default 10 min
+	ReapInterval     time.Duration // default 1 s
+	Clock            Clock
 	// Network gives sandboxes a network; nil means none at all (loopback
 	// only), and requests asking for egress are refused.
 	Network NetPool
@@ -71,8 +79,9 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	entries map[string]*entry
+	mu       sync.Mutex
+	entries  map[string]*entry
+	limiters map[string]*rate.Limiter // per owner, with OwnerCreateRate
 
 	availMu sync.Mutex
 	avail   map[string]availability
@@ -140,8 +149,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, store: st, log: cfg.Log, m: cfg.Metrics,
 		ctx: mctx, cancel: cancel,
-		entries: make(map[string]*entry),
-		avail:   make(map[string]availability),
+		entries:  make(map[string]*entry),
+		limiters: make(map[string]*rate.Limiter),
+		avail:    make(map[string]availability),
 	}
 	m.m.Capacity.Set(float64(cfg.MaxSandboxes))
 	if err := m.recover(ctx); err != nil {
@@ -321,6 +331,9 @@ func (m *Manager) available(ctx context.Context, d driver.Driver) error {
 // the start failed, in which case nothing of it is left); without, it returns
 // at once in state "starting".
 func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (Sandbox, error) {
+	if err := m.allowOwnerCreate(req.Owner); err != nil {
+		return Sandbox{}, err
+	}
 	allow, err := egressAllow(req.Network)
 	if err != nil {
 		return Sandbox{}, err
@@ -376,6 +389,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		m.mu.Unlock()
 		cancel()
 		return Sandbox{}, errdefs.New(errdefs.ErrCapacity, "all %d sandbox slots are in use", m.cfg.MaxSandboxes)
+	}
+	if req.Owner != "" && m.cfg.MaxPerOwner > 0 && m.activeOfLocked(req.Owner) >= m.cfg.MaxPerOwner {
+		m.mu.Unlock()
+		cancel()
+		return Sandbox{}, errdefs.New(errdefs.ErrQuota, "this API key already has %d live sandboxes, its limit", m.cfg.MaxPerOwner)
 	}
 	m.entries[rec.Sandbox.ID] = e
 	m.updateGaugesLocked()
@@ -812,6 +830,39 @@ func (m *Manager) activeLocked() int {
 		}
 	}
 	return n
+}
+
+// activeOfLocked counts the live sandboxes of owner.
+func (m *Manager) activeOfLocked(owner string) int {
+	n := 0
+	for _, e := range m.entries {
+		switch e.rec.Sandbox.State {
+		case StateStarting, StateRunning, StateStopping:
+			if e.rec.Request.Owner == owner {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// allowOwnerCreate takes one create from owner's rate budget.
+func (m *Manager) allowOwnerCreate(owner string) error {
+	if owner == "" || m.cfg.OwnerCreateRate <= 0 {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	lim := m.limiters[owner]
+	if lim == nil {
+		// One limiter per API key: as many as keys are configured.
+		lim = rate.NewLimiter(m.cfg.OwnerCreateRate, max(m.cfg.OwnerCreateBurst, 1))
+		m.limiters[owner] = lim
+	}
+	if !lim.AllowN(m.cfg.Clock.Now(), 1) {
+		return errdefs.New(errdefs.ErrRateLimited, "this API key creates sandboxes faster than its limit of %g a second; retry later", float64(m.cfg.OwnerCreateRate))
+	}
+	return nil
 }
 
 func (m *Manager) updateGauges() {

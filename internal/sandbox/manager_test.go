@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -420,5 +421,73 @@ func waitState(t *testing.T, m *Manager, id string, want State) {
 			t.Fatalf("state = %s, want %s", sb.State, want)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestOwnerQuotas(t *testing.T) {
+	d := newFakeDriver(t)
+	dataDir := t.TempDir()
+	clock := &fakeClock{now: time.Now()}
+	mk := func() *Manager {
+		m, err := New(context.Background(), Config{
+			DataDir: dataDir, Drivers: map[string]driver.Driver{"gvisor": d}, DefaultBackend: "auto",
+			Images:       func(string) (string, error) { return "/nonexistent", nil },
+			MaxSandboxes: 10, MaxPerOwner: 2, OwnerCreateRate: 1, OwnerCreateBurst: 3,
+			IdleTimeout: time.Minute, MaxLifetime: time.Hour, ReapInterval: time.Hour, Clock: clock, Metrics: metrics.New(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	m := mk()
+	ctx := context.Background()
+	alice, bob := KeyOwner("alice-key"), KeyOwner("bob-key")
+	if alice == bob || strings.Contains(alice, "alice") {
+		t.Fatalf("owners %q, %q: want distinct digests without the key", alice, bob)
+	}
+	a1, err := m.Create(ctx, CreateRequest{Owner: alice}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(ctx, CreateRequest{Owner: alice}, true); err != nil {
+		t.Fatal(err)
+	}
+	// Alice is at her limit; Bob and the keyless are not limited by it.
+	if _, err := m.Create(ctx, CreateRequest{Owner: alice}, true); !errors.Is(err, errdefs.ErrCapacity) || !strings.Contains(err.Error(), "API key") {
+		t.Fatalf("alice's third: %v, want capacity exhausted for the key", err)
+	}
+	if _, err := m.Create(ctx, CreateRequest{Owner: bob}, true); err != nil {
+		t.Fatalf("bob: %v", err)
+	}
+	for range 3 {
+		if _, err := m.Create(ctx, CreateRequest{}, true); err != nil {
+			t.Fatalf("no owner: %v", err)
+		}
+	}
+	// Alice's creates were 3 (the refused one counts): her burst is spent.
+	if err := m.Destroy(ctx, a1.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Create(ctx, CreateRequest{Owner: alice}, true); !errors.Is(err, errdefs.ErrRateLimited) {
+		t.Fatalf("alice's fourth create within the second: %v, want rate limited", err)
+	}
+	clock.Advance(1100 * time.Millisecond)
+	a3, err := m.Create(ctx, CreateRequest{Owner: alice}, true)
+	if err != nil {
+		t.Fatalf("alice after a destroy and a second: %v", err)
+	}
+	// The owner is kept across a restart: the quota still holds.
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(10 * time.Second)
+	m2 := mk()
+	defer m2.Close()
+	if _, err := m2.Get(ctx, a3.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m2.Create(ctx, CreateRequest{Owner: alice}, true); !errors.Is(err, errdefs.ErrCapacity) {
+		t.Fatalf("alice's third after a restart: %v, want capacity exhausted", err)
 	}
 }

@@ -1,6 +1,10 @@
 package sandbox
 
-import "time"
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+)
 
 // State is a sandbox's place in its life: starting → running → stopping →
 // stopped | failed.
@@ -43,6 +47,20 @@ type CreateRequest struct {
 	Env                map[string]string `json:"env,omitempty"`
 	Metadata           map[string]string `json:"metadata,omitempty"`
 	Network            Network           `json:"network"`
+	// Owner is who asks: KeyOwner of the API key, "" without keys. The
+	// per-owner quotas (Config.MaxPerOwner, OwnerCreateRate) apply to it.
+	// Set by the API layers, never from a request body.
+	Owner string `json:"owner,omitempty"`
+}
+
+// KeyOwner names the owner of sandboxes created with an API key: a digest,
+// so that records and logs never hold the key itself.
+func KeyOwner(key string) string {
+	if key == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "key-" + hex.EncodeToString(sum[:8])
 }
 
 // Sandbox is the API view of one sandbox (API.md "Sandbox object").

@@ -81,8 +81,9 @@ func setup(t *testing.T) *env {
 	defer cancel()
 	// An E2B-format key: the native API and E2B's control plane both take it.
 	key := "e2b_5ec0e1d4c0ffee5ec0e1d4c0ffee5ec0e1d4c0ff"
+	// The key may have two live sandboxes: the two this suite makes.
 	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), APIKey: key,
-		Env: []string{"CUBICLE_LOG_LEVEL=debug"}})
+		Env: []string{"CUBICLE_LOG_LEVEL=debug"}, Args: []string{"--key-max-sandboxes", "2"}})
 	if err != nil {
 		os.RemoveAll(dataDir)
 		t.Fatal(err)
@@ -492,6 +493,16 @@ print("typing socket, other path:", ask("/run/cubicle-input/type.sock", b"GET /p
 					t.Errorf("E2B %s with a %s body: %d %.200s", rt.Pattern, name, a.code, a.body)
 				}
 			}
+		}
+	})
+
+	t.Run("per-key quota", func(t *testing.T) {
+		n["create beyond the key's quota"] += 2
+		if a := e.do("POST", "/v1/sandboxes", "{}", "X-API-Key", e.key); a.code != http.StatusTooManyRequests || !isNativeError(a.body, "capacity_exhausted") {
+			t.Errorf("a third sandbox for the key: %d %.200s, want 429 capacity_exhausted", a.code, a.body)
+		}
+		if a := e.do("POST", "/v2/sandboxes", `{"templateID":"desktop"}`, "X-API-Key", e.key); a.code != http.StatusTooManyRequests {
+			t.Errorf("a third sandbox for the key through E2B's API: %d %.200s, want 429", a.code, a.body)
 		}
 	})
 
