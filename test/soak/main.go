@@ -1,0 +1,527 @@
+// Command soak is cubicle's soak and fault harness (`make soak`).
+//
+// It starts a cubicled of its own (its own data dir, loopback only) and runs
+// N agent loops on the gvisor backend: create a desktop → screenshot, click
+// and exec about once a second for a while → destroy → again. Meanwhile it
+// injects faults in turn: kill -9 of a sandbox's runtime processes, kill -9
+// of cubicled itself (restarted at once), a client that disconnects
+// mid-exec, one that disconnects mid-upload, and the agent's processes
+// killed from inside the sandbox. At the end it destroys everything and
+// audits the host: no process, mount, state directory or socket of any
+// sandbox it made may be left, and the store must list none alive.
+//
+// It reports, in Markdown: faults injected by kind, sandboxes made, lost
+// (a sandbox that stopped though no fault hit it) and stuck (a create that
+// never became ready), p50/p99 of screenshot, click and exec latency under
+// that load, and cubicled's RSS at the start and the end. It exits 1 if
+// the audit or the loops found anything wrong.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "soak:", err)
+		os.Exit(1)
+	}
+}
+
+// soak is one run's shared state.
+type soak struct {
+	d   *harness.Daemon
+	c   *client.Client
+	log func(format string, args ...any)
+
+	mu       sync.Mutex
+	lat      map[string][]time.Duration
+	count    map[string]int
+	faulted  map[string]bool // sandboxes a fault was aimed at
+	all      map[string]bool // every sandbox made
+	current  map[int]string  // worker → its sandbox now
+	problems []string
+}
+
+func run() error {
+	var (
+		n          = flag.Int("sandboxes", 10, "concurrent agent loops, each with its own desktop")
+		dur        = flag.Duration("duration", 30*time.Minute, "how long the loops run")
+		faultEvery = flag.Duration("fault-every", 15*time.Second, "time between injected faults")
+		backend    = flag.String("backend", "gvisor", "backend of the sandboxes")
+		imageDir   = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images")
+		out        = flag.String("out", "", "also write the report to this file")
+	)
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (it runs sandboxes)")
+	}
+	dataDir, err := os.MkdirTemp("", "cubicle-soak-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dataDir)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: *imageDir, DefaultBackend: *backend,
+		Args: []string{"--max-sandboxes", strconv.Itoa(*n + 4), "--idle-timeout", "10m"}})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer d.Stop()
+	s := &soak{
+		d: d, c: client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute)),
+		log:     func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+f+"\n", a...) },
+		lat:     map[string][]time.Duration{},
+		count:   map[string]int{},
+		faulted: map[string]bool{},
+		all:     map[string]bool{},
+		current: map[int]string{},
+	}
+	start := time.Now()
+	rssStart := rss(d.Pid())
+
+	loopCtx, stop := context.WithTimeout(context.Background(), *dur)
+	defer stop()
+	var wg sync.WaitGroup
+	for i := range *n {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.agentLoop(loopCtx, i) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); s.injectFaults(loopCtx, *faultEvery) }()
+	wg.Wait()
+	rssEnd := rss(d.Pid())
+
+	s.log("loops done after %v; destroying everything and auditing", time.Since(start).Round(time.Second))
+	s.audit(dataDir)
+	report := s.report(*n, *backend, time.Since(start), rssStart, rssEnd)
+	fmt.Print(report)
+	if *out != "" {
+		if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
+			return err
+		}
+	}
+	if len(s.problems) > 0 {
+		return fmt.Errorf("%d problems (listed in the report)", len(s.problems))
+	}
+	return nil
+}
+
+func (s *soak) add(kind string, n int) { s.mu.Lock(); s.count[kind] += n; s.mu.Unlock() }
+
+func (s *soak) problem(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	s.log("PROBLEM: %s", msg)
+	s.mu.Lock()
+	s.problems = append(s.problems, msg)
+	s.mu.Unlock()
+}
+
+// timed runs f and records its latency if it succeeds. Operations are not
+// held back while cubicled restarts: they fail, as an agent's would.
+func (s *soak) timed(kind string, f func() error) error {
+	t0 := time.Now()
+	err := f()
+	if err == nil {
+		s.mu.Lock()
+		s.lat[kind] = append(s.lat[kind], time.Since(t0))
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// agentLoop is one agent: sandbox after sandbox, each used for 30–120 s.
+func (s *soak) agentLoop(ctx context.Context, worker int) {
+	for ctx.Err() == nil {
+		var sb client.Sandbox
+		err := s.timed("create", func() (err error) {
+			sb, err = s.c.Create(ctx, client.CreateRequest{})
+			return err
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				s.add("create refused or failed", 1)
+				s.log("worker %d: create: %v", worker, err)
+				sleep(ctx, 2*time.Second)
+			}
+			continue
+		}
+		s.mu.Lock()
+		s.all[sb.ID] = true
+		s.current[worker] = sb.ID
+		s.mu.Unlock()
+		s.add("sandboxes made", 1)
+		s.use(ctx, worker, sb.ID, time.Duration(30+rand.IntN(90))*time.Second)
+		s.mu.Lock()
+		delete(s.current, worker)
+		s.mu.Unlock()
+		// Destroy always completes, whatever state the sandbox is in. An
+		// agent retries while cubicled restarts; so does this one.
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		for {
+			err = s.timed("destroy", func() error { return s.c.Destroy(dctx, sb.ID) })
+			if err == nil || client.ErrorCode(err) != "" || dctx.Err() != nil {
+				break
+			}
+			s.add("requests refused while cubicled restarted", 1)
+			sleep(dctx, time.Second)
+		}
+		cancel()
+		if err != nil && !client.IsNotFound(err) {
+			s.problem("destroy %s: %v", sb.ID, err)
+		}
+	}
+}
+
+// use drives one sandbox at about 1 Hz until for has passed or it dies.
+func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) {
+	end := time.Now().Add(d)
+	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
+		tick := time.Now()
+		err := s.timed("screenshot", func() error {
+			png, err := s.c.Screenshot(ctx, id, client.ScreenshotOptions{})
+			if err == nil && !bytes.HasPrefix(png, []byte("\x89PNG")) {
+				err = errors.New("screenshot is not a PNG")
+			}
+			return err
+		})
+		if err == nil {
+			err = s.timed("click", func() error { return s.c.Click(ctx, id, 100+rand.IntN(800), 100+rand.IntN(500)) })
+		}
+		if err == nil && i%5 == 0 {
+			err = s.timed("exec", func() error {
+				res, err := s.c.Exec(ctx, id, client.ExecRequest{Command: "echo ok-" + strconv.Itoa(i)})
+				if err == nil && res.Stdout != "ok-"+strconv.Itoa(i)+"\n" {
+					err = fmt.Errorf("exec printed %q", res.Stdout)
+				}
+				return err
+			})
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if client.ErrorCode(err) == "" {
+				// No answer from cubicled (killed, restarting): not the
+				// sandbox's doing.
+				s.add("requests refused while cubicled restarted", 1)
+			} else if s.gone(worker, id, err) {
+				return
+			}
+		} else {
+			s.add("actions", 1)
+		}
+		sleep(ctx, time.Second-time.Since(tick))
+	}
+}
+
+// gone decides what an error means: the sandbox was killed by a fault
+// (move on), a problem (it died by itself), or a passing hiccup.
+func (s *soak) gone(worker int, id string, err error) bool {
+	gctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var sb client.Sandbox
+	var gerr error
+	for range 10 { // the daemon may be restarting
+		if gerr = s.timed("get", func() (err error) { sb, err = s.c.Get(gctx, id); return err }); gerr == nil {
+			break
+		}
+		sleep(gctx, time.Second)
+	}
+	s.mu.Lock()
+	hit := s.faulted[id]
+	s.mu.Unlock()
+	switch {
+	case gerr != nil && client.IsNotFound(gerr):
+		s.problem("worker %d: sandbox %s vanished (%v)", worker, id, err)
+		return true
+	case gerr != nil:
+		s.add("requests refused while cubicled restarted", 1)
+		return false
+	case sb.State == "running":
+		s.add("errors on a running sandbox", 1)
+		s.log("worker %d: %s: %v", worker, id, err)
+		return false
+	case hit:
+		s.add("sandboxes lost to a fault", 1)
+		return true
+	default:
+		s.problem("worker %d: sandbox %s is %s though no fault hit it (%v; %s)", worker, id, sb.State, err, sb.Error)
+		return true
+	}
+}
+
+// injectFaults runs one fault after another, each kind in turn.
+func (s *soak) injectFaults(ctx context.Context, every time.Duration) {
+	kinds := []struct {
+		name string
+		f    func(context.Context, string) error
+	}{
+		{"kill -9 of a sandbox's runtime", s.killRuntime},
+		{"kill -9 of cubicled", s.killDaemon},
+		{"client gone mid-exec", s.disconnectExec},
+		{"client gone mid-upload", s.disconnectUpload},
+		{"agent's processes killed inside the sandbox", s.killInside},
+	}
+	for i := 0; ; i++ {
+		sleep(ctx, every)
+		if ctx.Err() != nil {
+			return
+		}
+		k := kinds[i%len(kinds)]
+		id := s.victim()
+		if id == "" {
+			continue
+		}
+		if err := k.f(ctx, id); err != nil {
+			s.log("fault %q on %s: %v", k.name, id, err)
+			s.add("faults that could not be injected", 1)
+			continue
+		}
+		s.add("fault: "+k.name, 1)
+	}
+}
+
+func (s *soak) victim() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, id := range s.current {
+		ids = append(ids, id)
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	return ids[rand.IntN(len(ids))]
+}
+
+func (s *soak) mark(id string) { s.mu.Lock(); s.faulted[id] = true; s.mu.Unlock() }
+
+func (s *soak) killRuntime(_ context.Context, id string) error {
+	pids := harness.HostProcesses(id)
+	if len(pids) == 0 {
+		return errors.New("no host process")
+	}
+	s.mark(id)
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	return nil
+}
+
+func (s *soak) killDaemon(ctx context.Context, _ string) error {
+	s.d.Kill9()
+	sleep(ctx, time.Duration(rand.IntN(2000))*time.Millisecond)
+	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.d.Restart(rctx); err != nil {
+		s.problem("cubicled did not restart: %v", err)
+		return err
+	}
+	return nil
+}
+
+func (s *soak) disconnectExec(ctx context.Context, id string) error {
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := s.c.Exec(cctx, id, client.ExecRequest{Command: "sleep 5"})
+	cancel()
+	if err == nil {
+		return errors.New("exec of sleep 5 finished within 300 ms")
+	}
+	return nil
+}
+
+func (s *soak) disconnectUpload(ctx context.Context, id string) error {
+	cctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	r := io.MultiReader(bytes.NewReader(make([]byte, 1<<20)), blockUntil(cctx))
+	if _, err := s.c.Upload(cctx, id, "/tmp/soak-partial.bin", r); err == nil {
+		return errors.New("an upload cut at 1 MiB succeeded")
+	}
+	return nil
+}
+
+func (s *soak) killInside(ctx context.Context, id string) error {
+	s.mark(id)
+	// Everything but init: the session (Xvfb, Chromium, x11vnc), which the
+	// agent's supervisor must bring back.
+	// The exec may die with the rest: its error is expected.
+	_, _ = s.c.Exec(ctx, id, client.ExecRequest{Command: "kill -9 -1"})
+	return nil
+}
+
+// blockUntil is a reader that blocks until ctx ends.
+type blockReader struct{ ctx context.Context }
+
+func blockUntil(ctx context.Context) io.Reader { return blockReader{ctx} }
+
+func (b blockReader) Read([]byte) (int, error) { <-b.ctx.Done(); return 0, b.ctx.Err() }
+
+// audit destroys what is left and checks that the host holds nothing of
+// any sandbox the run made.
+func (s *soak) audit(dataDir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if sbs, err := s.c.List(ctx, client.ListOptions{}); err != nil {
+		s.problem("list: %v", err)
+	} else {
+		for _, sb := range sbs {
+			if sb.State == "starting" {
+				s.problem("sandbox %s still starting at the end (stuck)", sb.ID)
+			}
+			if err := s.c.Destroy(ctx, sb.ID); err != nil && !client.IsNotFound(err) {
+				s.problem("final destroy %s: %v", sb.ID, err)
+			}
+		}
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var left []string
+		if sbs, err := s.c.List(ctx, client.ListOptions{}); err == nil {
+			for _, sb := range sbs {
+				if sb.State != "stopped" && sb.State != "failed" {
+					left = append(left, sb.ID+" "+sb.State)
+				}
+			}
+		}
+		s.mu.Lock()
+		ids := slices.Collect(func(yield func(string) bool) {
+			for id := range s.all {
+				if !yield(id) {
+					return
+				}
+			}
+		})
+		s.mu.Unlock()
+		for _, id := range ids {
+			if pids := harness.HostProcesses(id); len(pids) > 0 {
+				left = append(left, fmt.Sprintf("%s: processes %v", id, pids))
+			}
+		}
+		mounts, _ := os.ReadFile("/proc/self/mountinfo")
+		for _, line := range strings.Split(string(mounts), "\n") {
+			if strings.Contains(line, dataDir) {
+				left = append(left, "mount: "+line)
+			}
+		}
+		filepath.WalkDir(dataDir, func(p string, e os.DirEntry, err error) error {
+			if err != nil {
+				return nil
+			}
+			for _, id := range ids {
+				if strings.Contains(e.Name(), id) {
+					left = append(left, "path: "+p)
+					if e.IsDir() {
+						return filepath.SkipDir
+					}
+				}
+			}
+			if e.Type()&os.ModeSocket != 0 {
+				left = append(left, "socket: "+p)
+			}
+			return nil
+		})
+		if len(left) == 0 {
+			s.add("audit: sandboxes accounted for", len(ids))
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, l := range left {
+				s.problem("left behind: %s", l)
+			}
+			return
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEnd int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "## Soak: %d %s desktops, %v\n\n", n, backend, took.Round(time.Second))
+	fmt.Fprintf(&b, "cubicled RSS: %d MiB at the start, %d MiB at the end (its last incarnation).\n\n", rssStart>>10, rssEnd>>10)
+	fmt.Fprintf(&b, "| operation | n | p50 | p99 |\n|---|---|---|---|\n")
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range s.lat {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		ds := slices.Clone(s.lat[k])
+		slices.Sort(ds)
+		fmt.Fprintf(&b, "| %s | %d | %v | %v |\n", k, len(ds), pct(ds, 50), pct(ds, 99))
+	}
+	fmt.Fprintf(&b, "\n| count | n |\n|---|---|\n")
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range s.count {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		fmt.Fprintf(&b, "| %s | %d |\n", k, s.count[k])
+	}
+	fmt.Fprintf(&b, "\nProblems: %d\n", len(s.problems))
+	for _, p := range s.problems {
+		fmt.Fprintf(&b, "- %s\n", p)
+	}
+	return b.String()
+}
+
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	return ds[min(len(ds)-1, len(ds)*p/100)].Round(100 * time.Microsecond)
+}
+
+// rss is a process's resident set in KiB.
+func rss(pid int) int {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
