@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -256,6 +257,16 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		}
 		if err := removeBoxDir(filepath.Join(d.cfg.StateDir, e.Name())); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	// runsc lock files of containers that are gone (see removeRunscLocks).
+	if d.isRunsc() {
+		locks, _ := filepath.Glob(filepath.Join(d.runtimeRoot(), "*_sandbox:*.lock"))
+		for _, l := range locks {
+			id, _, _ := strings.Cut(filepath.Base(l), "_sandbox:")
+			if validID(id) == nil && !keep[id] {
+				_ = os.Remove(l)
+			}
 		}
 	}
 	return errors.Join(errs...)

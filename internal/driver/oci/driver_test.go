@@ -314,3 +314,35 @@ func TestAdoptRejectsForeignState(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanupRemovesRunscLocks: runsc leaves "<id>_sandbox:<id>.lock" in
+// its root when its sandbox was killed -9 (the soak harness found two);
+// orphan cleanup removes those of containers it does not keep.
+func TestCleanupRemovesRunscLocks(t *testing.T) {
+	needs.Runtime(t, "runsc")
+	d, _ := newTestDriver(t, "runsc")
+	root := d.runtimeRoot()
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const gone, kept = "aaaaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbbbb"
+	for _, id := range []string{gone, kept} {
+		if err := os.WriteFile(filepath.Join(root, id+"_sandbox:"+id+".lock"), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := filepath.Join(root, "unrelated.lock")
+	os.WriteFile(other, nil, 0o600)
+	if err := d.Cleanup(context.Background(), map[string]bool{kept: true}); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]bool{
+		filepath.Join(root, gone+"_sandbox:"+gone+".lock"): false,
+		filepath.Join(root, kept+"_sandbox:"+kept+".lock"): true,
+		other: true,
+	} {
+		if _, err := os.Stat(path); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(path), err == nil, want)
+		}
+	}
+}
