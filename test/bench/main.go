@@ -88,6 +88,7 @@ type backendResult struct {
 }
 
 func run(imageDir, backend, out string, n, nSub int, cc createConfig) error {
+	defer harness.RemoveBuild() // runs last, after the daemon has stopped
 	ctx := context.Background()
 	dataDir, err := os.MkdirTemp("", "cubicle-bench-")
 	if err != nil {

@@ -61,6 +61,16 @@ func Build() (string, error) {
 	return buildDir, buildErr
 }
 
+// RemoveBuild deletes what Build compiled. Every process that uses the
+// harness builds its own copy (about 50 MB in /tmp), so each must call it
+// when done: test packages from TestMain after m.Run, programs at exit,
+// once every daemon they started has stopped.
+func RemoveBuild() {
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+}
+
 // RepoRoot is the repository's root directory.
 func RepoRoot() string { return moduleRoot() }
 

@@ -78,6 +78,7 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(dataDir)
+	defer harness.RemoveBuild() // after d.Stop below
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: *imageDir, DefaultBackend: *backend,
 		Args: []string{"--max-sandboxes", strconv.Itoa(*n + 4), "--idle-timeout", "10m"}})
