@@ -6,7 +6,7 @@ BIN       := bin
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 IMAGE_DIR ?= /var/lib/cubicle/images
-FUZZTIME  ?= 10s
+FUZZTIME  ?= 30s
 SOAK_SANDBOXES ?= 10
 SOAK_DURATION  ?= 30m
 

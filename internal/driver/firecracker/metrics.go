@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -86,7 +87,7 @@ var descs = func() map[string]*prometheus.Desc {
 }()
 
 // parseMetricsLine flattens one metrics line into dotted keys with their
-// numeric values. It refuses lines that are too long, too deep or have too
+// numeric values. Names that are empty or hold a dot are skipped. It refuses lines that are too long, too deep or have too
 // many keys, and skips values that are not finite non-negative numbers.
 func parseMetricsLine(line []byte) (map[string]float64, error) {
 	if len(line) > maxMetricsLine {
@@ -118,6 +119,12 @@ func parseMetricsLine(line []byte) (map[string]float64, error) {
 				return fmt.Errorf("metrics line: nested deeper than %d", maxMetricsDepth)
 			}
 			for k, c := range v {
+				// A dot in a name would let one group's value pose
+				// as another's ("a.b" at the top against "a":{"b"}).
+				// Firecracker's names have none.
+				if k == "" || strings.Contains(k, ".") {
+					continue
+				}
 				key := k
 				if prefix != "" {
 					key = prefix + "." + k

@@ -36,6 +36,11 @@ func TestParseMetricsLine(t *testing.T) {
 			t.Errorf("%s parsed as a metric", k)
 		}
 	}
+	// a dotted name cannot pose as a nested one, nor add depth
+	vals, err = parseMetricsLine([]byte(`{"block.read_bytes":7,"block":{"read_bytes":3},"....":1,"":2}`))
+	if err != nil || len(vals) != 1 || vals["block.read_bytes"] != 3 {
+		t.Errorf("dotted names: %v, %v; want only block.read_bytes = 3", vals, err)
+	}
 	for _, bad := range []string{"", "[]", "{", `{"a":1}{"b":2}`, `{"a":{"b":{"c":{"d":{"e":1}}}}}`, "\"x\"", strings.Repeat(" ", maxMetricsLine+1)} {
 		if _, err := parseMetricsLine([]byte(bad)); err == nil {
 			t.Errorf("parseMetricsLine(%.40q) accepted", bad)
