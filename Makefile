@@ -9,10 +9,11 @@ IMAGE_DIR ?= /var/lib/cubicle/images
 FUZZTIME  ?= 30s
 SOAK_SANDBOXES ?= 10
 SOAK_DURATION  ?= 30m
+CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak fuzz bench lint clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench lint clean
 
 all: build
 
@@ -65,6 +66,11 @@ security: deps image
 soak: deps image
 	mkdir -p test-artifacts
 	$(GO) run ./test/soak -sandboxes $(SOAK_SANDBOXES) -duration $(SOAK_DURATION) -out test-artifacts/soak.md
+
+# crash kills cubicled at random points of creates and destroys 50 times
+# (test/e2e TestCrashRestart; make test runs 12 rounds).
+crash: deps image
+	CUBICLE_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -timeout 60m -run '^TestCrashRestart$$' -v ./test/e2e/
 
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)

@@ -208,10 +208,19 @@ func (m *Manager) recover(ctx context.Context) error {
 					log.Warn("clean dead sandbox", "err", err)
 				}
 			}
-			log.Info("sandbox died while the daemon was away; cleaned")
-			m.m.Reaped.WithLabelValues("dead").Inc()
-			r.Sandbox.State = StateStopped
 			r.StoppedAt = m.cfg.Clock.Now()
+			if r.Sandbox.State == StateStarting {
+				// Its create never finished: to its creator that is
+				// a failed create, with the reason to show.
+				log.Info("sandbox was starting when the daemon stopped; cleaned")
+				r.Sandbox.State = StateFailed
+				r.Sandbox.Error = "cubicled stopped while the sandbox was starting; everything it held was freed"
+				r.DriverState = nil
+			} else {
+				log.Info("sandbox died while the daemon was away; cleaned")
+				m.m.Reaped.WithLabelValues("dead").Inc()
+				r.Sandbox.State = StateStopped
+			}
 			if err := m.store.put(r); err != nil {
 				return err
 			}

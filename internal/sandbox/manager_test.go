@@ -389,9 +389,26 @@ func TestRestartReadopts(t *testing.T) {
 	delete(d.boxes, b.ID)
 	d.mu.Unlock()
 	bb.crash()
+	// And the daemon had died in the middle of a create and of a destroy.
+	st, err := openStore(dataDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, state := range map[string]State{"halfmade": StateStarting, "halfgone": StateStopping} {
+		if err := st.put(&record{Sandbox: Sandbox{ID: id, State: state, Backend: "gvisor"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.close()
 
 	m2 := newTestManager(t, d, dataDir, clock)
 	defer m2.Close()
+	if got, err := m2.Get(ctx, "halfmade"); err != nil || got.State != StateFailed || !strings.Contains(got.Error, "while the sandbox was starting") {
+		t.Errorf("create cut by the restart: %+v %v, want failed with the reason", got, err)
+	}
+	if got, err := m2.Get(ctx, "halfgone"); err != nil || got.State != StateStopped {
+		t.Errorf("destroy cut by the restart: %+v %v, want stopped", got, err)
+	}
 	if got, err := m2.Get(ctx, a.ID); err != nil || got.State != StateRunning {
 		t.Fatalf("a after restart: %+v %v", got, err)
 	}

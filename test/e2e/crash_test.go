@@ -1,0 +1,247 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image/png"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/needs"
+	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+// TestCrashRestart kills cubicled with SIGKILL at a random point of a
+// create or of a destroy, again and again (CUBICLE_CRASH_ROUNDS times,
+// default 12; `make crash` runs 50), restarts it, and checks that every
+// sandbox the round made is either running and usable (a command runs,
+// a screenshot is a PNG of its size) or stopped with nothing of it left:
+// no process, mount, file, network namespace, veth, nft rule or address.
+// None may be half-made. Sandboxes have networking (an allow-list, so
+// that each has rules of its own), so the whole of a create is exposed;
+// it runs in a network namespace the test made.
+func TestCrashRestart(t *testing.T) {
+	if !netpooltest.InOwnNetns(t) {
+		return
+	}
+	needs.Runtime(t, "runsc")
+	needs.Command(t, "nft")
+	needs.Image(t, filepath.Join(imageDir(), "desktop"))
+	rounds := 12
+	if s := os.Getenv("CUBICLE_CRASH_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("CUBICLE_CRASH_ROUNDS=%q", s)
+		}
+		rounds = n
+	}
+	const bridge, cidr = "cbcrash0", "10.89.20.0/24"
+	dataDir, err := os.MkdirTemp("", "cubicle-e2e-crash-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	d, err := harness.Start(sctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: "gvisor",
+		Args: []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr}})
+	cancel()
+	if err != nil {
+		os.RemoveAll(dataDir)
+		t.Fatal(err)
+	}
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute))
+	t.Cleanup(func() {
+		if sbs, err := c.List(ctx, client.ListOptions{}); err == nil {
+			for _, sb := range sbs {
+				c.Destroy(ctx, sb.ID)
+			}
+		}
+		d.Stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(d.Log)
+			t.Logf("cubicled log (tail):\n%s", tail(string(log), 80))
+		}
+		os.RemoveAll(dataDir)
+	})
+	req := func(round int) client.CreateRequest {
+		return client.CreateRequest{Resolution: &client.Resolution{Width: 800, Height: 600},
+			Metadata: map[string]string{"crash-round": strconv.Itoa(round)},
+			Network:  &client.Network{Allow: []string{"192.0.2.0/24"}}}
+	}
+
+	// How long an undisturbed create and destroy take here, so that
+	// kills fall anywhere in them (and a little after).
+	t0 := time.Now()
+	sb, err := c.Create(ctx, req(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	createTook := time.Since(t0)
+	t0 = time.Now()
+	if err := c.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	destroyTook := time.Since(t0)
+	t.Logf("undisturbed: create %v, destroy %v", createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond))
+	assertCrashClean(t, dataDir, sb)
+
+	restart := func() {
+		t.Helper()
+		d.Kill9()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := d.Restart(rctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	outcome := map[string]int{}
+	for round := range rounds {
+		duringCreate := round%2 == 0
+		var id string
+		var at time.Duration
+		if duringCreate {
+			at = time.Duration(rand.Int64N(int64(createTook) * 11 / 10))
+			cctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); c.Create(cctx, req(round)) }()
+			time.Sleep(at)
+			restart()
+			cancel()
+			<-done
+		} else {
+			sb, err := c.Create(ctx, req(round))
+			if err != nil {
+				t.Fatalf("round %d: create: %v", round, err)
+			}
+			id = sb.ID
+			at = time.Duration(rand.Int64N(int64(destroyTook) * 11 / 10))
+			done := make(chan struct{})
+			go func() { defer close(done); c.Destroy(ctx, id) }()
+			time.Sleep(at)
+			restart()
+			<-done
+		}
+		sbs, err := c.List(ctx, client.ListOptions{Metadata: map[string]string{"crash-round": strconv.Itoa(round)}})
+		if err != nil {
+			t.Fatalf("round %d: list: %v", round, err)
+		}
+		if !duringCreate && len(sbs) != 1 {
+			t.Fatalf("round %d: %d sandboxes listed after a kill during destroy, want the one", round, len(sbs))
+		}
+		if len(sbs) > 1 {
+			t.Fatalf("round %d: %d sandboxes from one create", round, len(sbs))
+		}
+		kind := map[bool]string{true: "create", false: "destroy"}[duringCreate]
+		if len(sbs) == 0 {
+			// Killed before the record was written: nothing may exist.
+			outcome[kind+": never made"]++
+			t.Logf("round %d: kill %v into %s: no record", round, at.Round(time.Millisecond), kind)
+			continue
+		}
+		sb := sbs[0]
+		t.Logf("round %d: kill %v into %s of %s: %s %s", round, at.Round(time.Millisecond), kind, sb.ID, sb.State, sb.Error)
+		outcome[kind+": "+sb.State]++
+		switch sb.State {
+		case "running":
+			assertUsable(t, c, sb.ID)
+			if err := c.Destroy(ctx, sb.ID); err != nil {
+				t.Fatalf("round %d: destroy %s: %v", round, sb.ID, err)
+			}
+		case "stopped", "failed":
+		default:
+			t.Errorf("round %d: %s is %s after the restart: half-made", round, sb.ID, sb.State)
+			continue
+		}
+		assertCrashClean(t, dataDir, sb)
+		// Destroy stays idempotent for what the crash ended.
+		if err := c.Destroy(ctx, sb.ID); err != nil && !client.IsNotFound(err) {
+			t.Errorf("round %d: second destroy of %s: %v", round, sb.ID, err)
+		}
+	}
+	t.Logf("outcomes of %d kills: %v", rounds, outcome)
+
+	if l := hostLinks(t); len(l) > 0 {
+		t.Errorf("sandbox links left: %v", l)
+	}
+	if got := bridgePorts(t, bridge); got != 0 {
+		t.Errorf("bridge has %d ports after every sandbox is gone", got)
+	}
+	if out, _ := exec.Command("nft", "list", "ruleset").CombinedOutput(); strings.Contains(string(out), "sb-") {
+		t.Errorf("per-sandbox rules left:\n%s", out)
+	}
+	if body := metricsText(t, d); !strings.Contains(body, "cubicle_netpool_free 253") {
+		t.Errorf("metrics: want cubicle_netpool_free 253 with every address free:\n%s", grepLines(body, "netpool"))
+	}
+}
+
+// assertUsable checks that a sandbox the restarted daemon calls running
+// answers: a command prints, a screenshot is a PNG of its size.
+func assertUsable(t *testing.T, c *client.Client, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := c.Exec(ctx, id, client.ExecRequest{Command: "echo usable"})
+	if err != nil || res.Stdout != "usable\n" {
+		t.Errorf("%s: exec after the restart: %+v %v", id, res, err)
+	}
+	shot, err := c.Screenshot(ctx, id, client.ScreenshotOptions{})
+	if err != nil {
+		t.Errorf("%s: screenshot after the restart: %v", id, err)
+		return
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil || img.Bounds().Dx() != 800 || img.Bounds().Dy() != 600 {
+		t.Errorf("%s: screenshot after the restart: %v (%d bytes)", id, err, len(shot))
+	}
+}
+
+// assertCrashClean checks that nothing of a stopped sandbox is left on the
+// host: processes, mounts, files under the data dir, and its network.
+func assertCrashClean(t *testing.T, dataDir string, sb client.Sandbox) {
+	t.Helper()
+	ok := eventually(30*time.Second, func() bool {
+		return len(harness.HostProcesses(sb.ID)) == 0 && len(crashTraces(dataDir, sb.ID)) == 0
+	})
+	if !ok {
+		t.Errorf("%s (%s): left behind: processes %v, %s", sb.ID, sb.State, harness.HostProcesses(sb.ID), strings.Join(crashTraces(dataDir, sb.ID), "; "))
+	}
+	if sb.IP != "" {
+		assertNetGone(t, dataDir, sb)
+	} else if _, err := os.Stat("/run/netns/cubicle-" + sb.ID); err == nil {
+		t.Errorf("%s: network namespace left", sb.ID)
+	}
+}
+
+// crashTraces lists the mounts, data-dir paths, network namespace and
+// loop devices that name id.
+func crashTraces(dataDir, id string) []string {
+	var left []string
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(mounts), "\n") {
+		if strings.Contains(line, id) {
+			left = append(left, "mount "+line)
+		}
+	}
+	filepath.WalkDir(dataDir, func(p string, e os.DirEntry, err error) error {
+		if err == nil && strings.Contains(e.Name(), id) {
+			left = append(left, "path "+p)
+		}
+		return nil
+	})
+	if _, err := os.Stat("/run/netns/cubicle-" + id); err == nil {
+		left = append(left, fmt.Sprintf("netns /run/netns/cubicle-%s", id))
+	}
+	for _, l := range loopsOf(id) {
+		left = append(left, "loop device "+l)
+	}
+	return left
+}
