@@ -31,6 +31,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/e2b"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/inflight"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/netpool"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -96,6 +97,8 @@ func run() error {
 		maxSandboxes   = flag.Int("max-sandboxes", envInt("CUBICLE_MAX_SANDBOXES", 16), "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
 		keyMax         = flag.Int("key-max-sandboxes", envInt("CUBICLE_KEY_MAX_SANDBOXES", 0), "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
 		keyRate        = flag.Float64("key-create-rate", envFloat("CUBICLE_KEY_CREATE_RATE", 0), "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
+		maxInFlight    = flag.Int("sandbox-max-requests", envInt("CUBICLE_SANDBOX_MAX_REQUESTS", api.DefaultMaxInFlight), "requests to one sandbox in progress at once (screenshots, actions, commands, file transfers, live views, E2B data plane); 429 beyond; 0 = no bound (CUBICLE_SANDBOX_MAX_REQUESTS)")
+		diskMB         = flag.Int("disk-mb", envInt("CUBICLE_DISK_MB", 4096), "what one gvisor or runc sandbox may write to its root filesystem, in MiB: its writable layer is a sparse ext4 file of this size; 0 = unbounded (CUBICLE_DISK_MB)")
 		idleTimeout    = flag.Duration("idle-timeout", envDuration("CUBICLE_IDLE_TIMEOUT", 30*time.Minute), "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
 		maxLifetime    = flag.Duration("max-lifetime", envDuration("CUBICLE_MAX_LIFETIME", 60*time.Minute), "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
 		agentBin       = flag.String("agent-bin", envOr("CUBICLE_AGENT_BIN", filepath.Join(filepath.Dir(exe), "cubicle-agent")), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
@@ -136,6 +139,10 @@ func run() error {
 	if len(keys) == 0 && !isLoopback(*listen) {
 		return fmt.Errorf("refusing to listen on %s without an API key: set CUBICLE_API_KEYS", *listen)
 	}
+	inFlight := inflight.New(*maxInFlight)
+	if *diskMB < 0 {
+		return fmt.Errorf("--disk-mb %d: want a size in MiB, or 0 for no limit", *diskMB)
+	}
 	lifetime := *maxLifetime
 	if lifetime == 0 {
 		lifetime = -1 // unlimited
@@ -147,6 +154,7 @@ func run() error {
 			Runtime:     runtime,
 			StateDir:    filepath.Join(*dataDir, "oci", name),
 			AgentBinary: *agentBin,
+			DiskMB:      *diskMB,
 		})
 	}
 	drivers["qemu"] = qemu.New(qemu.Config{
@@ -216,7 +224,7 @@ func run() error {
 	}
 	var mounts []api.Mount
 	if *e2bEnable {
-		dp := dataplane.New(dataplane.Config{TokenKey: viewKey, Domain: *e2bDomain}, mgr, log)
+		dp := dataplane.New(dataplane.Config{TokenKey: viewKey, Domain: *e2bDomain, InFlight: inFlight}, mgr, log)
 		templates := map[string]string{"desktop": "desktop", "base": "base"}
 		if _, err := image.Lookup(*imageDir, "base"); err != nil {
 			// No plain image built: E2B's default template gets the desktop.
@@ -230,6 +238,7 @@ func run() error {
 	}
 	handler := api.New(api.Config{
 		APIKeys:        keys,
+		InFlight:       inFlight,
 		Version:        version,
 		ViewTokens:     tokens,
 		Pages:          pages,

@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/inflight"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/viewtoken"
@@ -55,6 +57,13 @@ const (
 	DefaultMaxExecOutput  = 10 << 20 // 10 MiB of stdout+stderr
 	DefaultCreateRate     = 5        // creates per second
 	DefaultCreateBurst    = 10
+	// DefaultMaxInFlight is how many requests to one sandbox may be in
+	// progress at once (429 beyond): an agent's screenshot-act loop uses a
+	// few; live viewers, file transfers and command streams add some.
+	DefaultMaxInFlight = 64
+	// DefaultBodyIdle: no legitimate client of the native API pauses
+	// half a minute inside a request body.
+	DefaultBodyIdle = 30 * time.Second
 )
 
 // Config configures the API. Zero values mean the defaults above.
@@ -96,6 +105,13 @@ type Config struct {
 	VNCPort int
 	// Context ends with the daemon: open live views close when it is done.
 	Context context.Context
+	// BodyIdle is the longest a client may pause while sending a request
+	// body (a slow-loris upload is cut off after it); 0 means
+	// DefaultBodyIdle.
+	BodyIdle time.Duration
+	// InFlight bounds the requests in progress per sandbox, shared with
+	// the E2B data plane; nil means a limiter of DefaultMaxInFlight.
+	InFlight *inflight.Limiter
 	// Mounts serve requests outside the native API on the same port (E2B's
 	// data and control planes), tried in order before the native routes.
 	Mounts []Mount
@@ -125,6 +141,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CreateRate <= 0 {
 		c.CreateRate = DefaultCreateRate
+	}
+	if c.BodyIdle <= 0 {
+		c.BodyIdle = DefaultBodyIdle
+	}
+	if c.InFlight == nil {
+		c.InFlight = inflight.New(DefaultMaxInFlight)
 	}
 	if c.CreateBurst <= 0 {
 		c.CreateBurst = DefaultCreateBurst
@@ -166,6 +188,9 @@ type route struct {
 	handler http.HandlerFunc
 	auth    authMode
 	page    bool // a browser page or file, not part of the REST API (no OpenAPI entry)
+	// agent marks a route that holds a stream to the sandbox's agent for
+	// its duration; it counts against Config.InFlight.
+	agent bool
 }
 
 // routes is the route table: every endpoint of the API, registered from
@@ -183,17 +208,17 @@ func (s *server) routes() []route {
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
 
-		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot},
-		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions},
+		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot, agent: true},
+		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions, agent: true},
 
-		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec},
-		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile},
-		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile},
-		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile},
-		{pattern: "GET /v1/sandboxes/{id}/files/list", handler: s.listFiles},
+		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec, agent: true},
+		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile, agent: true},
+		{pattern: "GET /v1/sandboxes/{id}/files", handler: s.getFile, agent: true},
+		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile, agent: true},
+		{pattern: "GET /v1/sandboxes/{id}/files/list", handler: s.listFiles, agent: true},
 
 		{pattern: "POST /v1/sandboxes/{id}/view", handler: s.createView},
-		{pattern: "GET /v1/sandboxes/{id}/vnc", handler: s.vnc, auth: authKeyOrTok},
+		{pattern: "GET /v1/sandboxes/{id}/vnc", handler: s.vnc, auth: authKeyOrTok, agent: true},
 		{pattern: "GET /view/{id}", handler: s.viewPage, auth: authKeyOrTok},
 		{pattern: "GET /{$}", handler: s.dashboard, auth: authOpen, page: true},
 		{pattern: "GET /static/", handler: s.static, auth: authOpen, page: true},
@@ -276,7 +301,11 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 		}
 	}
 	for _, rt := range s.routes() {
-		s.mux.HandleFunc(rt.pattern, rt.handler)
+		h := rt.handler
+		if rt.agent {
+			h = s.limited(h)
+		}
+		s.mux.HandleFunc(rt.pattern, h)
 		s.auth[rt.pattern] = rt.auth
 	}
 	return s

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
@@ -13,6 +14,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/action"
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
 // API error codes (the "code" of an error body).
@@ -215,6 +217,27 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // before a failing one.
 func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err error, results []map[string]any) {
 	he := classify(err)
+	if he.status >= 500 && he.status != http.StatusGatewayTimeout {
+		// The sandbox may have died under the request (its runtime
+		// killed for memory, say): that is the answer, not a fault of
+		// the daemon.
+		if id := r.PathValue("id"); id != "" {
+			if _, ending, werr := s.mgr.Watch(r.Context(), id); werr == nil {
+				// The runtime's death is noticed a moment after
+				// the agent's stream breaks.
+				select {
+				case <-ending:
+				case <-time.After(time.Second):
+				case <-r.Context().Done():
+				}
+			}
+			if sb, gerr := s.mgr.Get(r.Context(), id); gerr == nil && sb.State != sandbox.StateRunning && sb.State != sandbox.StateStarting {
+				s.log.Info("request ended by its sandbox stopping", "sandbox", id, "state", sb.State, "err", err)
+				he = &httpError{status: http.StatusConflict, code: codeConflict,
+					msg: fmt.Sprintf("sandbox %s stopped while the request ran (it is %s)", id, sb.State)}
+			}
+		}
+	}
 	if he.status >= 500 {
 		s.logInternal(r, "request failed", err)
 	}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
@@ -85,7 +87,27 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveUnmatched(rec, r)
 		return
 	}
+	if r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 {
+		r.Body = &progressBody{ReadCloser: r.Body, rc: http.NewResponseController(rec), idle: s.cfg.BodyIdle}
+	}
 	s.mux.ServeHTTP(rec, r)
+}
+
+// progressBody pushes the connection's read deadline forward before every
+// read of a request body, so a body may be as large and take as long as it
+// needs while it keeps coming, but a client that stops sending (a slow
+// loris, a stalled upload) loses the connection after idle instead of
+// holding a goroutine, a sandbox slot and a stream to the agent forever.
+// The server sets the next request's deadlines itself.
+type progressBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (b *progressBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // unsupported writer: no deadline, as before
+	return b.ReadCloser.Read(p)
 }
 
 // errUnauthorized is the answer to a missing or wrong API key.
@@ -208,4 +230,22 @@ func (s *server) logInternal(r *http.Request, msg string, err error) {
 		attrs = append(attrs, "sandbox", id)
 	}
 	s.log.ErrorContext(r.Context(), msg, attrs...)
+}
+
+// limited runs h only while the sandbox has fewer than Config.InFlight's
+// bound of requests in progress, and answers 429 otherwise.
+func (s *server) limited(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		release, ok := s.cfg.InFlight.Acquire(id)
+		if !ok {
+			s.metrics.InFlightRefused.Inc()
+			w.Header().Set("Retry-After", "1")
+			s.writeError(w, r, &httpError{status: http.StatusTooManyRequests, code: codeRateLimited,
+				msg: fmt.Sprintf("sandbox %s already has %d requests in progress, its limit; retry when one ends", id, s.cfg.InFlight.Max())})
+			return
+		}
+		defer release()
+		h(w, r)
+	}
 }

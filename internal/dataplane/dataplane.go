@@ -39,6 +39,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/e2b"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/inflight"
 )
 
 // EnvdPort is envd's port, the one E2B's SDKs address envd at.
@@ -68,6 +69,9 @@ type Config struct {
 	// default "user", the account E2B's templates run as and cubicle's
 	// desktop image has. E2B's SDKs name a user only when asked to.
 	DefaultUser string
+	// InFlight bounds the requests in progress per sandbox, shared with
+	// the native API (429 beyond); nil means no bound.
+	InFlight *inflight.Limiter
 }
 
 // Router sends data-plane requests to sandboxes.
@@ -165,6 +169,15 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox "+t.ID)
 			return
 		}
+	}
+	if rt.cfg.InFlight != nil {
+		release, ok := rt.cfg.InFlight.Acquire(t.ID)
+		if !ok {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusTooManyRequests, fmt.Sprintf("sandbox %s already has %d requests in progress, its limit", t.ID, rt.cfg.InFlight.Max()))
+			return
+		}
+		defer release()
 	}
 	agent, err := rt.agents.Agent(r.Context(), t.ID)
 	if err != nil {

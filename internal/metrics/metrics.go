@@ -26,6 +26,7 @@ type Metrics struct {
 	ViewConnections    prometheus.Gauge       // open live-view WebSockets
 	ViewBytes          *prometheus.CounterVec // direction: to_viewer, from_viewer
 	ViewInputDropped   prometheus.Counter     // input messages of view-only viewers
+	InFlightRefused    prometheus.Counter     // requests over a sandbox's in-progress bound
 }
 
 // fastBuckets resolve the millisecond range where clicks and screenshots live.
@@ -79,12 +80,15 @@ func New() *Metrics {
 		ViewInputDropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cubicle_view_input_dropped_total", Help: "Input messages of view-only viewers dropped by the proxy.",
 		}),
+		InFlightRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "cubicle_sandbox_requests_refused_total", Help: "Requests refused because their sandbox had as many in progress as allowed.",
+		}),
 	}
 	m.Registry.MustRegister(
 		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
 		m.ScreenshotDuration, m.ActionDuration, m.ExecDuration, m.Reaped,
 		m.NetpoolFree, m.HTTPRequests,
-		m.ViewConnections, m.ViewBytes, m.ViewInputDropped,
+		m.ViewConnections, m.ViewBytes, m.ViewInputDropped, m.InFlightRefused,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

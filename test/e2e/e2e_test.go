@@ -41,6 +41,12 @@ func imageDir() string {
 // startDaemon starts a cubicled with its own data dir for one test.
 func startDaemon(t *testing.T, backend string) (*harness.Daemon, *client.Client) {
 	t.Helper()
+	return startDaemonArgs(t, backend)
+}
+
+// startDaemonArgs is startDaemon with extra cubicled flags.
+func startDaemonArgs(t *testing.T, backend string, args ...string) (*harness.Daemon, *client.Client) {
+	t.Helper()
 	needs.Root(t)
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
 	dataDir, err := os.MkdirTemp("", "cubicle-e2e-")
@@ -49,7 +55,7 @@ func startDaemon(t *testing.T, backend string) (*harness.Daemon, *client.Client)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend})
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend, Args: args})
 	if err != nil {
 		t.Fatal(err)
 	}

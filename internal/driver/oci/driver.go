@@ -5,7 +5,9 @@
 // Each box is one container whose init is the cubicle agent. The driver keeps
 // everything of a box in STATEDIR/ID:
 //
-//	upper/ work/     the box's writable overlay layer
+//	layer/upper/ layer/work/  the box's writable overlay layer; with a
+//	                 disk limit, layer/ is the mount of disk.ext4
+//	disk.ext4        sparse file of Config.DiskMB holding the layer
 //	bundle/          config.json and rootfs/ (the overlay mount)
 //	run/             bind-mounted at /run/cubicle; the agent's socket lives here
 //	console.log      the container's stdout and stderr (and the runtime's)
@@ -58,6 +60,12 @@ type Config struct {
 	// RuntimeArgs are extra global flags for the runtime (before the
 	// subcommand), e.g. ["--platform=kvm"] or ["--debug-log=/tmp/runsc/"].
 	RuntimeArgs []string
+	// DiskMB bounds what a box can write to its root filesystem: its
+	// writable layer is an ext4 filesystem of this size in a sparse file
+	// (loop-mounted), so a full disk is the box's ENOSPC and not the
+	// host's. 0 = unbounded (the layer is a plain directory under
+	// StateDir).
+	DiskMB int
 }
 
 // Driver starts boxes with runsc or runc. It is safe for concurrent use.
@@ -108,8 +116,9 @@ func (d *Driver) unavailable(format string, args ...any) error {
 }
 
 // Available checks that the runtime is installed and runs, that the daemon
-// is root, that overlayfs and cgroups are there, that the state directory is
-// usable for overlay upper layers and that the agent binary exists.
+// is root, that overlayfs and cgroups are there (and loop devices, ext4 and
+// mkfs.ext4 for a disk limit), that the state directory is usable for
+// overlay upper layers and that the agent binary exists.
 func (d *Driver) Available(ctx context.Context) error {
 	if d.cfg.Runtime != "runsc" && d.cfg.Runtime != "runc" {
 		return d.unavailable("unknown runtime %q (want runsc or runc)", d.cfg.Runtime)
@@ -141,6 +150,16 @@ func (d *Driver) Available(ctx context.Context) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(d.cfg.StateDir, &st); err == nil && st.Type == unix.OVERLAYFS_SUPER_MAGIC {
 		return d.unavailable("state directory %s is on overlayfs, which cannot hold an overlay upper layer", d.cfg.StateDir)
+	}
+	if d.cfg.DiskMB > 0 {
+		for _, tool := range []string{"mkfs.ext4", "mount"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				return d.unavailable("a disk limit needs %s (apt-get install e2fsprogs mount): %v", tool, err)
+			}
+		}
+		if _, err := os.Stat("/dev/loop-control"); err != nil || !hasFilesystem("ext4") {
+			return d.unavailable("a disk limit needs loop devices and ext4 (modprobe loop ext4), or --disk-mb 0")
+		}
 	}
 	fi, err := os.Stat(d.cfg.AgentBinary)
 	if err != nil {
@@ -235,12 +254,24 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	bundle := filepath.Join(dir, "bundle")
 	rootfs := filepath.Join(bundle, "rootfs")
 	runDir := filepath.Join(dir, "run")
-	for _, p := range []string{filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs, runDir} {
+	layer := filepath.Join(dir, "layer")
+	for _, p := range []string{layer, rootfs, runDir} {
 		if err := os.MkdirAll(p, 0o755); err != nil {
 			return nil, err
 		}
 	}
-	if err := mountOverlay(spec.Image, filepath.Join(dir, "upper"), filepath.Join(dir, "work"), rootfs); err != nil {
+	if d.cfg.DiskMB > 0 {
+		if err := mountDisk(ctx, filepath.Join(dir, "disk.ext4"), layer, d.cfg.DiskMB); err != nil {
+			return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+		}
+	}
+	upper, work := filepath.Join(layer, "upper"), filepath.Join(layer, "work")
+	for _, p := range []string{upper, work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := mountOverlay(spec.Image, upper, work, rootfs); err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
 	if err := makeMountPoints(rootfs); err != nil {

@@ -45,7 +45,8 @@ func newTestDriver(t *testing.T, runtime string) (*Driver, string) {
 	t.Helper()
 	needs.Runtime(t, runtime)
 	image := imageRootFS(t)
-	d := New(Config{Runtime: runtime, StateDir: filepath.Join(t.TempDir(), "st"), AgentBinary: buildTestAgent(t)})
+	// Every box gets a disk-limited layer, as cubicled's default does.
+	d := New(Config{Runtime: runtime, StateDir: filepath.Join(t.TempDir(), "st"), AgentBinary: buildTestAgent(t), DiskMB: 256})
 	if err := d.Available(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +96,12 @@ func assertGone(t *testing.T, d *Driver, id string, pid int) {
 	}
 	if _, err := os.Stat(d.boxDir(id)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("box dir %s: %v, want gone", d.boxDir(id), err)
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, l := range loops {
+		if b, err := os.ReadFile(l); err == nil && strings.HasPrefix(string(b), d.boxDir(id)) {
+			t.Errorf("loop device left: %s → %s", l, b)
+		}
 	}
 	if pid > 0 && alive(pid) {
 		t.Errorf("pid %d still alive", pid)
@@ -275,7 +282,12 @@ func TestCleanupRemovesOrphans(t *testing.T) {
 			}
 			pid := orphan.(*box).data.Pid
 			orphan.(*box).stopWatch() // forget it, as a crashed daemon would
-			os.MkdirAll(filepath.Join(d.cfg.StateDir, "tstale", "upper"), 0o755)
+			// A box directory whose disk was mounted when the daemon died.
+			stale := filepath.Join(d.cfg.StateDir, "tstale")
+			os.MkdirAll(filepath.Join(stale, "layer"), 0o755)
+			if err := mountDisk(ctx, filepath.Join(stale, "disk.ext4"), filepath.Join(stale, "layer"), 64); err != nil {
+				t.Fatal(err)
+			}
 			if err := d.Cleanup(ctx, map[string]bool{"tkeep": true}); err != nil {
 				t.Fatal(err)
 			}
