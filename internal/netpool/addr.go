@@ -3,6 +3,8 @@ package netpool
 import (
 	"fmt"
 	"net/netip"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // addrPool hands out the host addresses of an IPv4 prefix. The first host
@@ -56,7 +58,7 @@ func (p *addrPool) allocate(id string) (netip.Addr, error) {
 			return a, nil
 		}
 	}
-	return netip.Addr{}, fmt.Errorf("netpool: all %d addresses of %s are in use", p.size(), p.prefix)
+	return netip.Addr{}, errdefs.New(errdefs.ErrCapacity, "all %d sandbox network addresses of %s are in use (--net-cidr)", p.size(), p.prefix)
 }
 
 // claim marks a as used by id (re-adopting a persisted allocation).

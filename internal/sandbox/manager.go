@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"connectrpc.com/connect"
@@ -103,6 +104,7 @@ type entry struct {
 	stopOnce   sync.Once
 	ending     chan struct{} // closed when teardown begins: live viewers leave
 	stopped    chan struct{} // closed when teardown has finished
+	failErr    error         // why the start failed (set before started closes)
 }
 
 // New opens the store, re-adopts the sandboxes a previous daemon left
@@ -410,6 +412,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if err := m.store.put(rec); err != nil {
 		m.forget(rec.Sandbox.ID)
 		cancel()
+		if errors.Is(err, syscall.ENOSPC) {
+			return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full; no sandbox can be made until space is freed")
+		}
 		return Sandbox{}, fmt.Errorf("persist new sandbox: %w", err)
 	}
 
@@ -440,6 +445,14 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		m.forget(sb.ID)
 		if err := m.store.delete(sb.ID); err != nil {
 			m.log.Warn("delete failed record", "sandbox", sb.ID, "err", err)
+		}
+		m.mu.Lock()
+		ferr := e.failErr
+		m.mu.Unlock()
+		if errors.Is(ferr, errdefs.ErrCapacity) {
+			// Out of a shared resource (addresses): like a full
+			// daemon, not a broken one.
+			return Sandbox{}, errdefs.New(errdefs.ErrCapacity, "create sandbox: %s", errdefs.UserMessage(ferr))
 		}
 		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "create sandbox: %s", sb.Error)
 	}
@@ -475,6 +488,7 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		}
 		e.rec.Sandbox.State = StateFailed
 		e.rec.Sandbox.Error = err.Error()
+		e.failErr = err
 		e.rec.StoppedAt = m.cfg.Clock.Now()
 		e.rec.DriverState = nil
 		m.updateGaugesLocked()
