@@ -62,15 +62,17 @@ security: deps image
 
 # soak runs SOAK_SANDBOXES desktops for SOAK_DURATION under injected faults
 # (test/soak), then audits the host; the report goes to
-# test-artifacts/soak.md. Not part of make test: it takes half an hour.
+# test-artifacts/soak.md and its section of BENCHMARKS.md. Not part of make
+# test: it takes half an hour.
 soak: deps image
 	mkdir -p test-artifacts
-	$(GO) run ./test/soak -sandboxes $(SOAK_SANDBOXES) -duration $(SOAK_DURATION) -out test-artifacts/soak.md
+	$(GO) run ./test/soak -sandboxes $(SOAK_SANDBOXES) -duration $(SOAK_DURATION) -out test-artifacts/soak.md -benchmarks BENCHMARKS.md
 
 # crash kills cubicled at random points of creates and destroys 50 times
-# (test/e2e TestCrashRestart; make test runs 12 rounds).
+# (test/e2e TestCrashRestart; make test runs 12 rounds) and writes the
+# outcome to its section of BENCHMARKS.md.
 crash: deps image
-	CUBICLE_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -timeout 60m -run '^TestCrashRestart$$' -v ./test/e2e/
+	CUBICLE_CRASH_ROUNDS=$(CRASH_ROUNDS) CUBICLE_CRASH_BENCHMARKS=$(CURDIR)/BENCHMARKS.md $(GO) test -count=1 -timeout 60m -run '^TestCrashRestart$$' -v ./test/e2e/
 
 fuzz:
 	./scripts/fuzz.sh $(FUZZTIME)

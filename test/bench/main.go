@@ -245,6 +245,10 @@ func run(imageDir, backend, out string, n, nSub int, cc createConfig) error {
 	if len(lv) > 0 {
 		text += liveViewReport(lv)
 	}
+	// The soak's and the crash test's sections come from their own runs.
+	if kept := harness.Sections(out); kept != "" {
+		text += "\n" + kept
+	}
 	return os.WriteFile(out, []byte(text), 0o644)
 }
 

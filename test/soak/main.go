@@ -1,20 +1,25 @@
 // Command soak is cubicle's soak and fault harness (`make soak`).
 //
-// It starts a cubicled of its own (its own data dir, loopback only) and runs
-// N agent loops on the gvisor backend: create a desktop → screenshot, click
-// and exec about once a second for a while → destroy → again. Meanwhile it
-// injects faults in turn: kill -9 of a sandbox's runtime processes, kill -9
-// of cubicled itself (restarted at once), a client that disconnects
-// mid-exec, one that disconnects mid-upload, and the agent's processes
-// killed from inside the sandbox. At the end it destroys everything and
-// audits the host: no process, mount, state directory or socket of any
-// sandbox it made may be left, and the store must list none alive.
+// It re-executes itself in a network namespace of its own, makes a small
+// ext4 filesystem for the data directory, and starts a cubicled there
+// (loopback only, sandbox networking on a bridge of that namespace, an
+// address pool two larger than the loops need). It runs N agent loops on
+// the gvisor backend: create a desktop → screenshot, click and exec about
+// once a second for a while → destroy → again. Meanwhile it injects faults
+// in turn: kill -9 of a sandbox's runtime processes, kill -9 of cubicled
+// itself (restarted at once), a client that disconnects mid-exec, one that
+// disconnects mid-upload, the agent's processes killed from inside the
+// sandbox, the data directory filled up, the address pool exhausted, and
+// slow clients (a slow reader, a stalled upload). At the end it destroys
+// everything and audits the host: no process, mount, loop device, state
+// directory, socket, network namespace, veth or nft rule of any sandbox it
+// made may be left, and the store must list none alive.
 //
 // It reports, in Markdown: faults injected by kind, sandboxes made, lost
 // (a sandbox that stopped though no fault hit it) and stuck (a create that
 // never became ready), p50/p99 of screenshot, click and exec latency under
-// that load, and cubicled's RSS at the start and the end. It exits 1 if
-// the audit or the loops found anything wrong.
+// that load, the loops' achieved rate, and cubicled's RSS at the start and
+// the end. It exits 1 if the audit or the loops found anything wrong.
 package main
 
 import (
@@ -26,6 +31,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -47,9 +53,11 @@ func main() {
 
 // soak is one run's shared state.
 type soak struct {
-	d   *harness.Daemon
-	c   *client.Client
-	log func(format string, args ...any)
+	dataDir  string
+	poolSize int // sandbox network addresses
+	d        *harness.Daemon
+	c        *client.Client
+	log      func(format string, args ...any)
 
 	mu       sync.Mutex
 	lat      map[string][]time.Duration
@@ -58,36 +66,54 @@ type soak struct {
 	all      map[string]bool // every sandbox made
 	current  map[int]string  // worker → its sandbox now
 	problems []string
+	inUse    time.Duration // summed over the loops: time spent using a sandbox
+	period   time.Duration // of a loop's screenshot+click
 }
 
 func run() error {
 	var (
 		n          = flag.Int("sandboxes", 10, "concurrent agent loops, each with its own desktop")
 		dur        = flag.Duration("duration", 30*time.Minute, "how long the loops run")
-		faultEvery = flag.Duration("fault-every", 15*time.Second, "time between injected faults")
+		faultEvery = flag.Duration("fault-every", 10*time.Second, "time between injected faults")
+		period     = flag.Duration("period", 800*time.Millisecond, "each loop starts a screenshot+click this often (or at once when the last took longer); the report gives the rate achieved")
 		backend    = flag.String("backend", "gvisor", "backend of the sandboxes")
 		imageDir   = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images")
+		dataMB     = flag.Int("data-mb", 16384, "size of the small filesystem made for the daemon's data directory (the \"data dir full\" fault fills it)")
 		out        = flag.String("out", "", "also write the report to this file")
+		benchmarks = flag.String("benchmarks", "", "also write the report as the soak section of this file (BENCHMARKS.md)")
 	)
 	flag.Parse()
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (it runs sandboxes)")
+	}
+	if child, err := inOwnNetns(); !child || err != nil {
+		return err
 	}
 	dataDir, err := os.MkdirTemp("", "cubicle-soak-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dataDir)
+	unmount, err := smallFS(dataDir+".ext4", dataDir, *dataMB)
+	if err != nil {
+		return fmt.Errorf("data dir filesystem: %w", err)
+	}
+	defer unmount()
 	defer harness.RemoveBuild() // after d.Stop below
+	// Two addresses to spare beyond the loops' sandboxes, which the
+	// "address pool exhausted" fault takes and then asks for one more.
+	cidr := poolCIDR(*n, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: *imageDir, DefaultBackend: *backend,
-		Args: []string{"--max-sandboxes", strconv.Itoa(*n + 4), "--idle-timeout", "10m"}})
+		Args: []string{"--max-sandboxes", strconv.Itoa(poolSize(cidr) + 4), "--idle-timeout", "10m",
+			"--net", "--net-bridge", "cbsoak0", "--net-cidr", cidr}})
 	cancel()
 	if err != nil {
 		return err
 	}
 	defer d.Stop()
 	s := &soak{
+		dataDir: dataDir, poolSize: poolSize(cidr), period: *period,
 		d: d, c: client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute)),
 		log:     func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+f+"\n", a...) },
 		lat:     map[string][]time.Duration{},
@@ -117,6 +143,11 @@ func run() error {
 	fmt.Print(report)
 	if *out != "" {
 		if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
+			return err
+		}
+	}
+	if *benchmarks != "" {
+		if err := harness.ReplaceSection(*benchmarks, "soak", report); err != nil {
 			return err
 		}
 	}
@@ -170,7 +201,11 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 		s.current[worker] = sb.ID
 		s.mu.Unlock()
 		s.add("sandboxes made", 1)
+		t0 := time.Now()
 		s.use(ctx, worker, sb.ID, time.Duration(30+rand.IntN(90))*time.Second)
+		s.mu.Lock()
+		s.inUse += time.Since(t0)
+		s.mu.Unlock()
 		s.mu.Lock()
 		delete(s.current, worker)
 		s.mu.Unlock()
@@ -192,7 +227,8 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 	}
 }
 
-// use drives one sandbox at about 1 Hz until for has passed or it dies.
+// use drives one sandbox, a screenshot and a click every s.period (an
+// exec every fifth time), until d has passed or it dies.
 func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) {
 	end := time.Now().Add(d)
 	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
@@ -230,7 +266,7 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 		} else {
 			s.add("actions", 1)
 		}
-		sleep(ctx, time.Second-time.Since(tick))
+		sleep(ctx, s.period-time.Since(tick))
 	}
 }
 
@@ -281,6 +317,9 @@ func (s *soak) injectFaults(ctx context.Context, every time.Duration) {
 		{"client gone mid-exec", s.disconnectExec},
 		{"client gone mid-upload", s.disconnectUpload},
 		{"agent's processes killed inside the sandbox", s.killInside},
+		{"data dir full", s.dataDirFull},
+		{"address pool exhausted", s.poolExhausted},
+		{"slow clients", s.slowClients},
 	}
 	for i := 0; ; i++ {
 		sleep(ctx, every)
@@ -417,8 +456,28 @@ func (s *soak) audit(dataDir string) {
 				left = append(left, fmt.Sprintf("%s: processes %v", id, pids))
 			}
 		}
+		for _, l := range sandboxLinks() {
+			left = append(left, "network link: "+l)
+		}
+		for _, l := range loopsUnder(dataDir) {
+			left = append(left, "loop device: "+l)
+		}
+		if out, err := exec.Command("nft", "list", "ruleset").CombinedOutput(); err != nil {
+			left = append(left, fmt.Sprintf("nft list ruleset: %v", err))
+		} else if strings.Contains(string(out), "sb-") {
+			left = append(left, "nft rules of sandboxes:\n"+string(out))
+		}
+		for _, id := range ids {
+			if _, err := os.Stat("/run/netns/cubicle-" + id); err == nil {
+				left = append(left, "network namespace of "+id)
+			}
+		}
 		mounts, _ := os.ReadFile("/proc/self/mountinfo")
 		for _, line := range strings.Split(string(mounts), "\n") {
+			// The data dir itself is the soak's own filesystem.
+			if f := strings.Fields(line); len(f) > 4 && f[4] == dataDir {
+				continue
+			}
 			if strings.Contains(line, dataDir) {
 				left = append(left, "mount: "+line)
 			}
@@ -460,6 +519,8 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Soak: %d %s desktops, %v\n\n", n, backend, took.Round(time.Second))
 	fmt.Fprintf(&b, "cubicled RSS: %d MiB at the start, %d MiB at the end (its last incarnation).\n\n", rssStart>>10, rssEnd>>10)
+	fmt.Fprintf(&b, "Screenshot+click loop: %.2f Hz per desktop over the run (creates and destroys included), %.2f Hz while a sandbox was in use.\n\n",
+		float64(s.count["actions"])/(float64(n)*took.Seconds()), float64(s.count["actions"])/max(s.inUse.Seconds(), 1))
 	fmt.Fprintf(&b, "| operation | n | p50 | p99 |\n|---|---|---|---|\n")
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range s.lat {
