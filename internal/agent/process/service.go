@@ -51,6 +51,14 @@ const (
 // defaultKeepalive is envd's keepalive interval when the header is absent.
 const defaultKeepalive = 90 * time.Second
 
+// Bounds of the header values, which come from clients: a keepalive of
+// zero would panic the ticker, and values past these overflow a
+// time.Duration into a negative one.
+const (
+	maxKeepalive = time.Hour
+	maxTimeLimit = 365 * 24 * time.Hour
+)
+
 // Options configure a Service.
 type Options struct {
 	// Reaper delivers the exit statuses of the service's children. Required.
@@ -124,8 +132,8 @@ func timeLimit(ctx context.Context, h interface{ Get(string) string }) (time.Dur
 	for _, name := range []string{TimeoutHeader, ConnectTimeoutHeader} {
 		if v := h.Get(name); v != "" {
 			ms, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || ms < 0 {
-				return 0, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: invalid value %q", name, v))
+			if err != nil || ms < 0 || ms > maxTimeLimit.Milliseconds() {
+				return 0, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("%s: invalid value %q (milliseconds, at most %d)", name, v, maxTimeLimit.Milliseconds()))
 			}
 			return time.Duration(ms) * time.Millisecond, nil
 		}
@@ -139,7 +147,7 @@ func timeLimit(ctx context.Context, h interface{ Get(string) string }) (time.Dur
 func keepaliveOf(h interface{ Get(string) string }) time.Duration {
 	if v := h.Get(KeepaliveHeader); v != "" {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			return time.Duration(n) * time.Second
+			return time.Duration(min(n, int(maxKeepalive/time.Second))) * time.Second
 		}
 	}
 	return defaultKeepalive
