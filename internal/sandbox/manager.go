@@ -105,6 +105,9 @@ type entry struct {
 	ending     chan struct{} // closed when teardown begins: live viewers leave
 	stopped    chan struct{} // closed when teardown has finished
 	failErr    error         // why the start failed (set before started closes)
+	// stopFailed is set when teardown could not free everything; each
+	// reaper pass tries again (retrying, while one runs) until it can.
+	stopFailed, retrying bool
 }
 
 // New opens the store, re-adopts the sandboxes a previous daemon left
@@ -637,7 +640,8 @@ func (m *Manager) teardown(e *entry, reason string) {
 		if err != nil {
 			e.rec.Sandbox.State = StateFailed
 			e.rec.Sandbox.Error = "stop: " + err.Error()
-			log.Error("stop sandbox", "err", err)
+			e.stopFailed = e.box != nil
+			log.Error("stop sandbox; the reaper will try again", "err", err)
 		}
 		m.updateGaugesLocked()
 		m.mu.Unlock()

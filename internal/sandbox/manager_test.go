@@ -50,6 +50,9 @@ type fakeDriver struct {
 	t       *testing.T
 	dir     string
 	failErr error // Create fails with this when set
+	// stopFails is how many Stop calls fail (then succeed), as an
+	// unmount that is busy for a while would.
+	stopFails int
 
 	mu    sync.Mutex
 	boxes map[string]*fakeBox // live boxes
@@ -147,6 +150,11 @@ func (b *fakeBox) crash() {
 func (b *fakeBox) Stop(context.Context) error {
 	b.crash()
 	b.d.mu.Lock()
+	if b.d.stopFails > 0 {
+		b.d.stopFails--
+		b.d.mu.Unlock()
+		return errors.New("unmount: device or resource busy")
+	}
 	delete(b.d.boxes, b.id)
 	b.d.mu.Unlock()
 	return nil
@@ -506,5 +514,53 @@ func TestOwnerQuotas(t *testing.T) {
 	}
 	if _, err := m2.Create(ctx, CreateRequest{Owner: alice}, true); !errors.Is(err, errdefs.ErrCapacity) {
 		t.Fatalf("alice's third after a restart: %v, want capacity exhausted", err)
+	}
+}
+
+// TestStopRetried: a stop that cannot free everything leaves the sandbox
+// failed, with the reason; reaper passes try again until it works, and the
+// sandbox then is stopped and nothing of it is left.
+func TestStopRetried(t *testing.T) {
+	d := newFakeDriver(t)
+	clock := &fakeClock{now: time.Now()}
+	m := newTestManager(t, d, t.TempDir(), clock)
+	defer m.Close()
+	ctx := context.Background()
+	sb, err := m.Create(ctx, CreateRequest{}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	d.stopFails = 2
+	d.mu.Unlock()
+	if err := m.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := m.Get(ctx, sb.ID)
+	if got.State != StateFailed || !strings.Contains(got.Error, "busy") || d.live() != 1 {
+		t.Fatalf("after a failed stop: %+v, %d live boxes", got, d.live())
+	}
+	m.Reap() // fails again
+	waitFor := func(cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatal("timed out")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitFor(func() bool { d.mu.Lock(); defer d.mu.Unlock(); return d.stopFails == 0 })
+	// The record outlives the retention while its leftovers remain.
+	clock.Advance(48 * time.Hour)
+	waitFor(func() bool { m.mu.Lock(); defer m.mu.Unlock(); return !m.entries[sb.ID].retrying })
+	m.Reap() // succeeds
+	waitFor(func() bool { got, _ := m.Get(ctx, sb.ID); return got.State == StateStopped })
+	if d.live() != 0 {
+		t.Errorf("%d boxes left after the retried stop", d.live())
+	}
+	if got, _ := m.Get(ctx, sb.ID); got.Error != "" {
+		t.Errorf("error kept after a stop that worked: %q", got.Error)
 	}
 }

@@ -1,6 +1,9 @@
 package sandbox
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -21,7 +24,9 @@ func (m *Manager) reapLoop() {
 
 // Reap runs one reaper pass: sandboxes past their lifetime or idle timeout are
 // destroyed, stopped and failed records older than the retention are dropped,
-// and activity times are persisted. Dead boxes are reaped by their watchers
+// activity times are persisted, and sandboxes whose stop could not free
+// everything are stopped again, so the host and the store agree again
+// within a pass of the cause going away. Dead boxes are reaped by their watchers
 // as soon as they die, not here. Reap is exported for tests with a fake clock.
 func (m *Manager) Reap() {
 	now := m.cfg.Clock.Now()
@@ -32,6 +37,7 @@ func (m *Manager) Reap() {
 	var victims []victim
 	var purge []string
 	var dirty []*record
+	var retry []*entry
 	m.mu.Lock()
 	for id, e := range m.entries {
 		sb := &e.rec.Sandbox
@@ -50,7 +56,12 @@ func (m *Manager) Reap() {
 				dirty = append(dirty, &r)
 			}
 		case StateStopped, StateFailed:
-			if now.Sub(e.rec.StoppedAt) >= m.cfg.Retention {
+			if e.stopFailed && !e.retrying {
+				e.retrying = true
+				retry = append(retry, e)
+				continue
+			}
+			if now.Sub(e.rec.StoppedAt) >= m.cfg.Retention && !e.stopFailed {
 				purge = append(purge, id)
 				delete(m.entries, id)
 			}
@@ -67,6 +78,13 @@ func (m *Manager) Reap() {
 			m.log.Warn("purge record", "sandbox", id, "err", err)
 		}
 	}
+	for _, e := range retry {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.retryStop(e)
+		}()
+	}
 	for _, v := range victims {
 		m.wg.Add(1)
 		go func() {
@@ -74,4 +92,36 @@ func (m *Manager) Reap() {
 			m.teardown(v.e, v.reason)
 		}()
 	}
+}
+
+// retryStop frees what a failed teardown left (the box's processes, mounts
+// and directory, its network), and records the sandbox as stopped once
+// everything is gone.
+func (m *Manager) retryStop(e *entry) {
+	id := e.rec.Sandbox.ID
+	ctx := context.WithoutCancel(m.ctx)
+	err := e.box.Stop(ctx)
+	if m.cfg.Network != nil {
+		if derr := m.cfg.Network.Detach(ctx, id); derr != nil {
+			err = errors.Join(err, fmt.Errorf("detach network: %w", derr))
+		}
+		m.updateNetGauge()
+	}
+	m.mu.Lock()
+	e.retrying = false
+	if err != nil {
+		e.rec.Sandbox.Error = "stop: " + err.Error()
+		m.mu.Unlock()
+		m.log.Warn("stop sandbox again", "sandbox", id, "err", err)
+		return
+	}
+	e.stopFailed = false
+	e.rec.Sandbox.State = StateStopped
+	e.rec.Sandbox.Error = ""
+	m.updateGaugesLocked()
+	m.mu.Unlock()
+	if err := m.persist(e); err != nil {
+		m.log.Warn("persist stopped", "sandbox", id, "err", err)
+	}
+	m.log.Info("sandbox stopped on a later try; everything it held is freed", "sandbox", id)
 }
