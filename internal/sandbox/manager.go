@@ -282,6 +282,10 @@ func isClosed(c <-chan struct{}) bool {
 	}
 }
 
+// errFull answers a create that ran out of disk on the host, whichever
+// step found it (the store, the sandbox's directory, its network state).
+var errFull = errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full; no sandbox can be made until space is freed")
+
 // newID returns 128 bits of randomness as 26 characters of [a-z2-7].
 func newID() string {
 	var b [16]byte
@@ -416,7 +420,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		m.forget(rec.Sandbox.ID)
 		cancel()
 		if errors.Is(err, syscall.ENOSPC) {
-			return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full; no sandbox can be made until space is freed")
+			return Sandbox{}, errFull
 		}
 		return Sandbox{}, fmt.Errorf("persist new sandbox: %w", err)
 	}
@@ -456,6 +460,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 			// Out of a shared resource (addresses): like a full
 			// daemon, not a broken one.
 			return Sandbox{}, errdefs.New(errdefs.ErrCapacity, "create sandbox: %s", errdefs.UserMessage(ferr))
+		}
+		if errors.Is(ferr, syscall.ENOSPC) {
+			return Sandbox{}, errFull
 		}
 		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "create sandbox: %s", sb.Error)
 	}

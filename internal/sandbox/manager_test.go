@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -262,6 +264,12 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 	recs, _ := m.store.all()
 	if len(recs) != 0 {
 		t.Errorf("%d store records after failed create, want 0", len(recs))
+	}
+	// A full disk is said as such, without the host's paths.
+	d.failErr = &os.PathError{Op: "mkdir", Path: "/var/lib/cubicle/oci/gvisor/x", Err: syscall.ENOSPC}
+	_, err = m.Create(context.Background(), CreateRequest{}, true)
+	if msg := errdefs.UserMessage(err); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(msg, "data directory is full") || strings.Contains(msg, "/var/lib") {
+		t.Errorf("create on a full disk: %v (message %q)", err, msg)
 	}
 }
 
