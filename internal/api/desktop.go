@@ -153,10 +153,14 @@ func (s *server) actions(w http.ResponseWriter, r *http.Request) {
 			i = len(acts) - 1
 		}
 		var he *httpError
-		if msg.GetErrorCode() == codeInvalid {
+		switch msg.GetErrorCode() {
+		case codeInvalid:
 			he = &httpError{status: http.StatusBadRequest, code: codeInvalid,
 				msg: "action " + strconv.Itoa(i) + ": " + orDefault(agentMessage(msg.GetError()), "invalid action")}
-		} else {
+		case codeUnavailable:
+			he = &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+				msg: "action " + strconv.Itoa(i) + ": the desktop is restarting; retry"}
+		default:
 			s.log.ErrorContext(r.Context(), "action failed in the agent", "sandbox", id,
 				"index", i, "type", acts[i].Type, "err", msg.GetError())
 			he = &httpError{status: http.StatusInternalServerError, code: codeInternal,

@@ -202,4 +202,12 @@ func TestActions(t *testing.T) {
 	if !strings.Contains(e.logs.String(), "X connection lost") {
 		t.Error("agent failure not logged")
 	}
+
+	// The X server died under the action (the session restarts it): 503,
+	// worth a retry, not a fault of the daemon.
+	w = e.do("POST", p, strings.NewReader(`{"actions":[{"type":"move","x":1,"y":1},{"type":"wait","duration_ms":59998}]}`))
+	we = wantError(t, w, http.StatusServiceUnavailable, codeUnavailable)
+	if we.Index == nil || *we.Index != 1 || !strings.Contains(we.Message, "restarting") {
+		t.Errorf("display gone: %s", w.Body.String())
+	}
 }

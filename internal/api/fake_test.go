@@ -261,6 +261,10 @@ func (d *fakeDesktop) Act(_ context.Context, req *connect.Request[desktop.ActReq
 			resp.FailedIndex, resp.Error, resp.ErrorCode = int32(i), "point outside the screen", "invalid_argument"
 			break
 		}
+		if act.GetType() == "wait" && act.GetDurationMs() == 59998 {
+			resp.FailedIndex, resp.Error, resp.ErrorCode = int32(i), "the X display went away", "unavailable"
+			break
+		}
 		if act.GetType() == "wait" && act.GetDurationMs() == 59999 {
 			resp.FailedIndex, resp.Error, resp.ErrorCode = int32(i), "X connection lost at /tmp/.X11-unix", "internal"
 			break

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"image"
+	"io"
+	"net"
 	"sync"
+	"syscall"
 
 	"connectrpc.com/connect"
 
@@ -17,7 +20,19 @@ import (
 const (
 	CodeInvalidArgument = "invalid_argument"
 	CodeInternal        = "internal"
+	// CodeUnavailable: the X connection broke under the action (the X
+	// server died; the session supervisor restarts it). Retrying helps.
+	CodeUnavailable = "unavailable"
 )
+
+// displayGone reports whether err is the X connection breaking, as
+// opposed to a request the X server refused.
+func displayGone(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)
+}
+
+var errDisplayGone = errors.New("the X display went away; it is being restarted, retry")
 
 // Service is the agent's Desktop Connect service. It can exist before the X
 // server is up: until SetDesktop hands it a connection, Info answers
@@ -98,6 +113,9 @@ func (s *Service) Screenshot(ctx context.Context, req *connect.Request[desktop.S
 		if errors.As(err, &ae) {
 			return nil, connect.NewError(connect.CodeInvalidArgument, errors.New(ae.Msg))
 		}
+		if displayGone(err) {
+			return nil, connect.NewError(connect.CodeUnavailable, errDisplayGone)
+		}
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}
 	return connect.NewResponse(res.Screenshot), nil
@@ -125,6 +143,9 @@ func (s *Service) Act(ctx context.Context, req *connect.Request[desktop.ActReque
 			if errors.As(err, &ae) {
 				resp.ErrorCode = CodeInvalidArgument
 				resp.Error = (&action.Error{Index: i, Msg: ae.Msg}).Error()
+			} else if displayGone(err) {
+				resp.ErrorCode = CodeUnavailable
+				resp.Error = errDisplayGone.Error()
 			} else {
 				resp.ErrorCode = CodeInternal
 				resp.Error = err.Error()

@@ -4,8 +4,13 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -120,5 +125,47 @@ func TestService(t *testing.T) {
 	r2, err := s.Act(cctx, connect.NewRequest(&desktop.ActRequest{Actions: []*desktop.Action{{Type: "wait", DurationMs: 1000}}}))
 	if err != nil || r2.Msg.FailedIndex != 0 || r2.Msg.ErrorCode != CodeInternal {
 		t.Errorf("canceled Act = %v, %v", r2, err)
+	}
+}
+
+// TestServiceDisplayGone: when the X server dies under the agent (the
+// session supervisor restarts it), a screenshot answers Unavailable and an
+// action fails with error_code "unavailable", both worth a retry, not
+// Internal.
+func TestServiceDisplayGone(t *testing.T) {
+	d, display := openDesktop(t)
+	s := NewService("v1", display)
+	client := serve(t, s)
+	ctx := context.Background()
+	s.SetDesktop(d)
+	// The test's Xvfb is the only Xvfb child of this process now (others
+	// are stopped when their test ends).
+	killed := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil || !strings.Contains(string(stat), "(Xvfb)") {
+			continue
+		}
+		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) {
+			syscall.Kill(pid, syscall.SIGKILL)
+			killed++
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("killed %d Xvfb children, want 1", killed)
+	}
+	time.Sleep(200 * time.Millisecond)
+	_, err := client.Screenshot(ctx, connect.NewRequest(&desktop.ScreenshotRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Errorf("screenshot with the X server gone: %v, want unavailable", err)
+	}
+	resp, err := client.Act(ctx, connect.NewRequest(&desktop.ActRequest{Actions: []*desktop.Action{action.ToProto(action.Action{Type: "click", X: ip(5), Y: ip(5)})}}))
+	if err != nil || resp.Msg.ErrorCode != CodeUnavailable {
+		t.Errorf("click with the X server gone: %v %v, want error_code unavailable", resp, err)
 	}
 }
