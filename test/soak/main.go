@@ -5,9 +5,9 @@
 // (loopback only, sandbox networking on a bridge of that namespace, an
 // address pool two larger than the loops need). It runs N agent loops on
 // the gvisor backend: create a desktop → screenshot, click and exec about
-// once a second for a while → destroy → again. Meanwhile it injects faults
-// in turn: kill -9 of a sandbox's runtime processes, kill -9 of cubicled
-// itself (restarted at once), a client that disconnects mid-exec, one that
+// once a second for a while → destroy → again. Meanwhile it injects faults,
+// each kind on its own schedule: kill -9 of a sandbox's runtime processes,
+// kill -9 of cubicled itself (restarted at once), a client that disconnects mid-exec, one that
 // disconnects mid-upload, the agent's processes killed from inside the
 // sandbox, the data directory filled up, the address pool exhausted, and
 // slow clients (a slow reader, a stalled upload). At the end it destroys
@@ -74,7 +74,7 @@ func run() error {
 	var (
 		n          = flag.Int("sandboxes", 10, "concurrent agent loops, each with its own desktop")
 		dur        = flag.Duration("duration", 30*time.Minute, "how long the loops run")
-		faultEvery = flag.Duration("fault-every", 10*time.Second, "time between injected faults")
+		faults     = flag.Int("faults", 24, "faults of each kind over the run: each kind has its own schedule, spread evenly and staggered against the others")
 		period     = flag.Duration("period", 800*time.Millisecond, "each loop starts a screenshot+click this often (or at once when the last took longer); the report gives the rate achieved")
 		backend    = flag.String("backend", "gvisor", "backend of the sandboxes")
 		imageDir   = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images")
@@ -133,7 +133,7 @@ func run() error {
 		go func() { defer wg.Done(); s.agentLoop(loopCtx, i) }()
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); s.injectFaults(loopCtx, *faultEvery) }()
+	go func() { defer wg.Done(); s.injectFaults(loopCtx, *dur/time.Duration(*faults+1)) }()
 	wg.Wait()
 	rssEnd := rss(d.Pid())
 
@@ -306,8 +306,12 @@ func (s *soak) gone(worker int, id string, err error) bool {
 	}
 }
 
-// injectFaults runs one fault after another, each kind in turn.
-func (s *soak) injectFaults(ctx context.Context, every time.Duration) {
+// injectFaults gives each kind of fault its own schedule, one every
+// period, the kinds staggered across it. Kinds overlap in time (a slow
+// client while the address pool is exhausted, say), as they would in
+// production; one that could not be injected (cubicled was down, no
+// sandbox to aim at) is tried again a few seconds later.
+func (s *soak) injectFaults(ctx context.Context, period time.Duration) {
 	kinds := []struct {
 		name string
 		f    func(context.Context, string) error
@@ -321,23 +325,35 @@ func (s *soak) injectFaults(ctx context.Context, every time.Duration) {
 		{"address pool exhausted", s.poolExhausted},
 		{"slow clients", s.slowClients},
 	}
-	for i := 0; ; i++ {
-		sleep(ctx, every)
-		if ctx.Err() != nil {
-			return
-		}
-		k := kinds[i%len(kinds)]
-		id := s.victim()
-		if id == "" {
-			continue
-		}
-		if err := k.f(ctx, id); err != nil {
-			s.log("fault %q on %s: %v", k.name, id, err)
-			s.add("faults that could not be injected", 1)
-			continue
-		}
-		s.add("fault: "+k.name, 1)
+	var wg sync.WaitGroup
+	for i, k := range kinds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sleep(ctx, period*time.Duration(i)/time.Duration(len(kinds)))
+			for next := time.Now(); ; next = next.Add(period) {
+				sleep(ctx, time.Until(next.Add(period)))
+				for ctx.Err() == nil {
+					id := s.victim()
+					err := errors.New("no sandbox running")
+					if id != "" {
+						err = k.f(ctx, id)
+					}
+					if err == nil {
+						s.add("fault: "+k.name, 1)
+						break
+					}
+					s.log("fault %q on %s: %v; again in 5 s", k.name, id, err)
+					s.add("faults that could not be injected (tried again)", 1)
+					sleep(ctx, 5*time.Second)
+				}
+				if ctx.Err() != nil {
+					return
+				}
+			}
+		}()
 	}
+	wg.Wait()
 }
 
 func (s *soak) victim() string {
