@@ -68,6 +68,8 @@ type soak struct {
 	problems []string
 	inUse    time.Duration // summed over the loops: time spent using a sandbox
 	period   time.Duration // of a loop's screenshot+click
+	// rssBeforeKill is cubicled's RSS (KiB) just before each kill -9.
+	rssBeforeKill []int
 }
 
 func run() error {
@@ -384,6 +386,13 @@ func (s *soak) killRuntime(_ context.Context, id string) error {
 }
 
 func (s *soak) killDaemon(ctx context.Context, _ string) error {
+	// Each incarnation's RSS just before it dies: with restarts every
+	// minute or so, the end RSS alone would say little about growth.
+	if kb := rss(s.d.Pid()); kb > 0 {
+		s.mu.Lock()
+		s.rssBeforeKill = append(s.rssBeforeKill, kb)
+		s.mu.Unlock()
+	}
 	s.d.Kill9()
 	sleep(ctx, time.Duration(rand.IntN(2000))*time.Millisecond)
 	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -535,6 +544,11 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Soak: %d %s desktops, %v\n\n", n, backend, took.Round(time.Second))
 	fmt.Fprintf(&b, "cubicled RSS: %d MiB at the start, %d MiB at the end (its last incarnation).\n\n", rssStart>>10, rssEnd>>10)
+	if k := s.rssBeforeKill; len(k) > 0 {
+		third := max(len(k)/3, 1)
+		fmt.Fprintf(&b, "cubicled RSS just before each of its %d kills: min %.1f MiB, max %.1f MiB; mean of the first third %.1f MiB, of the last third %.1f MiB.\n\n",
+			len(k), float64(slices.Min(k))/1024, float64(slices.Max(k))/1024, meanMiB(k[:third]), meanMiB(k[len(k)-third:]))
+	}
 	fmt.Fprintf(&b, "Screenshot+click loop: %.2f Hz per desktop over the run (creates and destroys included), %.2f Hz while a sandbox was in use.\n\n",
 		float64(s.count["actions"])/(float64(n)*took.Seconds()), float64(s.count["actions"])/max(s.inUse.Seconds(), 1))
 	fmt.Fprintf(&b, "| operation | n | p50 | p99 |\n|---|---|---|---|\n")
@@ -564,6 +578,14 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 		fmt.Fprintf(&b, "- %s\n", p)
 	}
 	return b.String()
+}
+
+func meanMiB(kb []int) float64 {
+	sum := 0
+	for _, v := range kb {
+		sum += v
+	}
+	return float64(sum) / float64(len(kb)) / 1024
 }
 
 func pct(ds []time.Duration, p int) time.Duration {
