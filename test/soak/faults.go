@@ -8,14 +8,21 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
 )
 
-// probeMeta marks the sandboxes faults make themselves.
-var probeMeta = map[string]string{"soak": "probe"}
+// probeMeta marks a sandbox a fault makes itself, each with a label of its
+// own: faults overlap, so another fault's create may be in flight.
+func (s *soak) probeMeta() map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.probes++
+	return map[string]string{"soak": "probe", "probe": strconv.Itoa(s.probes)}
+}
 
 // track adds a sandbox a fault made to those the audit accounts for.
 func (s *soak) track(id string) { s.mu.Lock(); s.all[id] = true; s.mu.Unlock() }
@@ -40,10 +47,10 @@ func (s *soak) destroyProbes(ids []string) {
 	}
 }
 
-// halfMade reports probe sandboxes that are neither running nor ended
-// after their create returned: a create must be all or nothing.
-func (s *soak) halfMade(ctx context.Context, what string) {
-	sbs, err := s.c.List(ctx, client.ListOptions{Metadata: probeMeta, State: "starting"})
+// halfMade reports the probe sandbox of meta if it is neither running nor
+// ended after its create returned: a create must be all or nothing.
+func (s *soak) halfMade(ctx context.Context, what string, meta map[string]string) {
+	sbs, err := s.c.List(ctx, client.ListOptions{Metadata: meta, State: "starting"})
 	if err != nil {
 		return // the daemon may be restarting; the final audit looks again
 	}
@@ -62,7 +69,8 @@ func (s *soak) dataDirFull(ctx context.Context, _ string) error {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	sb, err := s.c.Create(cctx, client.CreateRequest{Metadata: probeMeta})
+	meta := s.probeMeta()
+	sb, err := s.c.Create(cctx, client.CreateRequest{Metadata: meta})
 	cancel()
 	switch code := client.ErrorCode(err); {
 	case err == nil:
@@ -75,7 +83,7 @@ func (s *soak) dataDirFull(ctx context.Context, _ string) error {
 	default:
 		s.add("creates refused on a full data dir ("+code+")", 1)
 	}
-	s.halfMade(ctx, "data dir full")
+	s.halfMade(ctx, "data dir full", meta)
 	sleep(ctx, 5*time.Second) // the loops run on a full disk meanwhile
 	return nil
 }
@@ -92,14 +100,15 @@ func (s *soak) poolExhausted(ctx context.Context, _ string) error {
 			return ctx.Err()
 		}
 		cctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-		sb, err := s.c.Create(cctx, client.CreateRequest{Metadata: probeMeta})
+		meta := s.probeMeta()
+		sb, err := s.c.Create(cctx, client.CreateRequest{Metadata: meta})
 		cancel()
 		if err == nil {
 			s.track(sb.ID)
 			extra = append(extra, sb.ID)
 			continue
 		}
-		s.halfMade(ctx, "address pool exhausted")
+		s.halfMade(ctx, "address pool exhausted", meta)
 		if client.ErrorCode(err) == "capacity_exhausted" && strings.Contains(err.Error(), "address") {
 			s.add("creates refused for want of an address", 1)
 			return nil

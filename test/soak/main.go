@@ -32,6 +32,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -70,6 +71,7 @@ type soak struct {
 	period   time.Duration // of a loop's screenshot+click
 	// rssBeforeKill is cubicled's RSS (KiB) just before each kill -9.
 	rssBeforeKill []int
+	probes        int // sandboxes faults made, for their labels
 }
 
 func run() error {
@@ -127,7 +129,11 @@ func run() error {
 	start := time.Now()
 	rssStart := rss(d.Pid())
 
-	loopCtx, stop := context.WithTimeout(context.Background(), *dur)
+	// Ctrl-C or SIGTERM ends the loops early; the audit still runs, so
+	// stopping a soak leaves nothing behind either.
+	sigCtx, unsig := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer unsig()
+	loopCtx, stop := context.WithTimeout(sigCtx, *dur)
 	defer stop()
 	var wg sync.WaitGroup
 	for i := range *n {
