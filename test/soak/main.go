@@ -69,6 +69,9 @@ type soak struct {
 	problems []string
 	inUse    time.Duration // summed over the loops: time spent using a sandbox
 	period   time.Duration // of a loop's screenshot+click
+	session  time.Duration // mean time a loop keeps a sandbox
+	// probeBackend is the backend of the address-pool fault's sandboxes.
+	probeBackend string
 	// rssBeforeKill is cubicled's RSS (KiB) just before each kill -9.
 	rssBeforeKill []int
 	probes        int // sandboxes faults made, for their labels
@@ -80,6 +83,8 @@ func run() error {
 		dur        = flag.Duration("duration", 30*time.Minute, "how long the loops run")
 		faults     = flag.Int("faults", 24, "faults of each kind over the run: each kind has its own schedule, spread evenly and staggered against the others")
 		period     = flag.Duration("period", 800*time.Millisecond, "each loop starts a screenshot+click this often (or at once when the last took longer); the report gives the rate achieved")
+		session    = flag.Duration("session", 4*time.Minute, "mean time a loop keeps its sandbox (uniform from half to one and a half times this): an agent's task")
+		probe      = flag.String("probe-backend", "runc", "backend of the extra sandboxes the address-pool fault makes: they only need to hold addresses, which every backend draws from the same pool")
 		backend    = flag.String("backend", "gvisor", "backend of the sandboxes")
 		imageDir   = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images")
 		dataMB     = flag.Int("data-mb", 16384, "size of the small filesystem made for the daemon's data directory (the \"data dir full\" fault fills it)")
@@ -117,7 +122,7 @@ func run() error {
 	}
 	defer d.Stop()
 	s := &soak{
-		dataDir: dataDir, poolSize: poolSize(cidr), period: *period,
+		dataDir: dataDir, poolSize: poolSize(cidr), period: *period, session: *session, probeBackend: *probe,
 		d: d, c: client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute)),
 		log:     func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+f+"\n", a...) },
 		lat:     map[string][]time.Duration{},
@@ -210,7 +215,7 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 		s.mu.Unlock()
 		s.add("sandboxes made", 1)
 		t0 := time.Now()
-		s.use(ctx, worker, sb.ID, time.Duration(30+rand.IntN(90))*time.Second)
+		s.use(ctx, worker, sb.ID, s.session/2+rand.N(s.session))
 		s.mu.Lock()
 		s.inUse += time.Since(t0)
 		s.mu.Unlock()
@@ -403,7 +408,8 @@ func (s *soak) killDaemon(ctx context.Context, _ string) error {
 	sleep(ctx, time.Duration(rand.IntN(2000))*time.Millisecond)
 	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := s.d.Restart(rctx); err != nil {
+	// From exec to an answering API, with every live sandbox to re-adopt.
+	if err := s.timed("restart", func() error { return s.d.Restart(rctx) }); err != nil {
 		s.problem("cubicled did not restart: %v", err)
 		return err
 	}
@@ -549,6 +555,8 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 	defer s.mu.Unlock()
 	var b strings.Builder
 	fmt.Fprintf(&b, "## Soak: %d %s desktops, %v\n\n", n, backend, took.Round(time.Second))
+	fmt.Fprintf(&b, "Each loop keeps a sandbox %v to %v (an agent's task), then destroys it and creates the next; screenshot+click every %v, an exec every fifth time. The address-pool fault's extra sandboxes are %s.\n\n",
+		s.session/2, s.session*3/2, s.period, s.probeBackend)
 	fmt.Fprintf(&b, "cubicled RSS: %d MiB at the start, %d MiB at the end (its last incarnation).\n\n", rssStart>>10, rssEnd>>10)
 	if k := s.rssBeforeKill; len(k) > 0 {
 		third := max(len(k)/3, 1)
