@@ -317,6 +317,23 @@ func isClosed(c <-chan struct{}) bool {
 // step found it (the store, the sandbox's directory, its network state).
 var errFull = errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full; no sandbox can be made until space is freed")
 
+// fullBelow is the free space under which a failed create is put down to
+// a full data directory: a sandbox's first writes (its disk's ext4
+// metadata, runsc's state and logs) need more than this.
+const fullBelow = 16 << 20
+
+// diskFull reports whether the filesystem holding dir is all but full.
+// Child programs (runsc, mkfs.ext4) report a full disk only as an exit
+// status and a line of text, so an ENOSPC in the error chain cannot be
+// relied on to say it.
+func diskFull(dir string) bool {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return false
+	}
+	return st.Bavail*uint64(st.Bsize) < fullBelow
+}
+
 // newID returns 128 bits of randomness as 26 characters of [a-z2-7].
 func newID() string {
 	var b [16]byte
@@ -492,7 +509,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 			// daemon, not a broken one.
 			return Sandbox{}, errdefs.New(errdefs.ErrCapacity, "create sandbox: %s", errdefs.UserMessage(ferr))
 		}
-		if errors.Is(ferr, syscall.ENOSPC) {
+		if errors.Is(ferr, syscall.ENOSPC) || diskFull(m.cfg.DataDir) {
 			return Sandbox{}, errFull
 		}
 		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "create sandbox: %s", sb.Error)

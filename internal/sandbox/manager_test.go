@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
+	"github.com/cubicle-dev/cubicle/internal/needs"
 	desktoppb "github.com/cubicle-dev/cubicle/proto/desktop"
 	"github.com/cubicle-dev/cubicle/proto/desktop/desktopconnect"
 )
@@ -270,6 +272,28 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 	_, err = m.Create(context.Background(), CreateRequest{}, true)
 	if msg := errdefs.UserMessage(err); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(msg, "data directory is full") || strings.Contains(msg, "/var/lib") {
 		t.Errorf("create on a full disk: %v (message %q)", err, msg)
+	}
+}
+
+// TestCreateFailureOnFullDisk: runsc and mkfs.ext4 say a full disk only as
+// an exit status, so the manager looks at the data directory itself.
+func TestCreateFailureOnFullDisk(t *testing.T) {
+	needs.Root(t)
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=4m", "cubicle-test", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", dir).Run() })
+	d := newFakeDriver(t)
+	d.failErr = errors.New("runsc run: exit status 128")
+	m := newTestManager(t, d, dir, &fakeClock{now: time.Now()})
+	defer m.Close()
+	_, err := m.Create(context.Background(), CreateRequest{}, true)
+	if msg := errdefs.UserMessage(err); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(msg, "data directory is full") || strings.Contains(msg, "runsc") {
+		t.Errorf("create failing on a 4 MiB data dir: %v (message %q)", err, msg)
+	}
+	if recs, _ := m.store.all(); len(recs) != 0 {
+		t.Errorf("%d store records after the failed create, want 0", len(recs))
 	}
 }
 
