@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -239,6 +240,9 @@ func TestErrorMapping(t *testing.T) {
 		{connect.NewError(connect.CodeAlreadyExists, errors.New("exists")), 409, codeConflict, "exists"},
 		{connect.NewError(connect.CodeInternal, errors.New("/host/path broke")), 500, codeInternal, "internal error"},
 		{context.DeadlineExceeded, 504, codeTimeout, ""},
+		// Canceled while the client still waits: the agent's stream was cut.
+		{connect.NewError(connect.CodeCanceled, errors.New("stream reset")), 503, codeUnavailable, "the sandbox's agent went away during the request; retry"},
+		{fmt.Errorf("act: %w", context.Canceled), 503, codeUnavailable, ""},
 		{errors.New("open /var/lib/cubicle/secret: denied"), 500, codeInternal, "internal error"},
 	} {
 		t.Run(fmt.Sprintf("%T %v", c.err, c.err), func(t *testing.T) {
@@ -258,6 +262,18 @@ func TestErrorMapping(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestClientGone: a request its own client canceled is logged as 499, not
+// as a failure of the daemon.
+func TestClientGone(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	r := httptest.NewRequestWithContext(ctx, "GET", "/v1/sandboxes/"+runningID+"/screenshot", nil)
+	w := httptest.NewRecorder()
+	e.srv.writeError(w, r, connect.NewError(connect.CodeCanceled, context.Canceled))
+	wantError(t, w, statusClientClosed, codeCanceled)
 }
 
 func TestNotRunningAndUnknownSandbox(t *testing.T) {

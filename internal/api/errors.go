@@ -217,6 +217,13 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // before a failing one.
 func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err error, results []map[string]any) {
 	he := classify(err)
+	if he.status == statusClientClosed && r.Context().Err() == nil {
+		// Canceled, but not by this client: the agent's stream was cut
+		// under the request (its sandbox's runtime died, say). Seen in
+		// the soak as 499s on requests whose clients were waiting.
+		he = &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+			msg: "the sandbox's agent went away during the request; retry"}
+	}
 	if he.status >= 500 && he.status != http.StatusGatewayTimeout {
 		// The sandbox may have died under the request (its runtime
 		// killed for memory, say): that is the answer, not a fault of
