@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -243,6 +244,7 @@ func TestErrorMapping(t *testing.T) {
 		// Canceled while the client still waits: the agent's stream was cut.
 		{connect.NewError(connect.CodeCanceled, errors.New("stream reset")), 503, codeUnavailable, "the sandbox's agent went away during the request; retry"},
 		{fmt.Errorf("act: %w", context.Canceled), 503, codeUnavailable, ""},
+		{connect.NewError(connect.CodeInternal, fmt.Errorf("protocol error: incomplete envelope: %w", io.ErrUnexpectedEOF)), 503, codeUnavailable, agentGone},
 		{errors.New("open /var/lib/cubicle/secret: denied"), 500, codeInternal, "internal error"},
 	} {
 		t.Run(fmt.Sprintf("%T %v", c.err, c.err), func(t *testing.T) {

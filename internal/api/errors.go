@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -38,6 +39,15 @@ const (
 // statusClientClosed is nginx's status for a client that went away; the
 // client never sees it, logs and metrics do.
 const statusClientClosed = 499
+
+// agentGone answers a request whose agent stream was cut under it.
+const agentGone = "the sandbox's agent went away during the request; retry"
+
+// stopNoticeWait bounds how long a failed request waits for its
+// sandbox's death to be noticed before answering: the agent's stream
+// breaks at once, but the runtime's exit (a ptrace sentry with hundreds
+// of threads, on a loaded host) was seen to take over a second.
+const stopNoticeWait = 3 * time.Second
 
 // apiError is the inner object of an error body.
 type apiError struct {
@@ -138,6 +148,11 @@ func classify(err error) *httpError {
 // client-side codes come from the agent and describe the request (a bad
 // path, a missing file); others are replaced.
 func classifyConnect(ce *connect.Error) *httpError {
+	if errors.Is(ce, io.ErrUnexpectedEOF) {
+		// The stream was cut mid-message ("incomplete envelope"): the
+		// agent or its sandbox went away, not a fault of the request.
+		return &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, msg: agentGone}
+	}
 	guest := agentMessage(ce.Message())
 	switch ce.Code() {
 	case connect.CodeInvalidArgument, connect.CodeOutOfRange:
@@ -222,7 +237,7 @@ func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err e
 		// under the request (its sandbox's runtime died, say). Seen in
 		// the soak as 499s on requests whose clients were waiting.
 		he = &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
-			msg: "the sandbox's agent went away during the request; retry"}
+			msg: agentGone}
 	}
 	if he.status >= 500 && he.status != http.StatusGatewayTimeout {
 		// The sandbox may have died under the request (its runtime
@@ -234,7 +249,7 @@ func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err e
 				// the agent's stream breaks.
 				select {
 				case <-ending:
-				case <-time.After(time.Second):
+				case <-time.After(stopNoticeWait):
 				case <-r.Context().Done():
 				}
 			}

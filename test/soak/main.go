@@ -365,6 +365,7 @@ func (s *soak) injectFaults(ctx context.Context, period time.Duration) {
 					}
 					if err == nil {
 						s.add("fault: "+k.name, 1)
+						s.log("fault %q on %s", k.name, id)
 						break
 					}
 					s.log("fault %q on %s: %v; again in 5 s", k.name, id, err)
