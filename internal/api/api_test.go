@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -263,6 +266,28 @@ func TestErrorMapping(t *testing.T) {
 				t.Error("server error not logged")
 			}
 		})
+	}
+}
+
+func TestConnectionLost(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "unix", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("box x: dial agent: %w", refused), true},
+		{connect.NewError(connect.CodeUnavailable, refused), true},
+		{connect.NewError(connect.CodeInternal, fmt.Errorf("protocol error: incomplete envelope: %w", io.ErrUnexpectedEOF)), true},
+		{connect.NewError(connect.CodeCanceled, context.Canceled), true},
+		{fmt.Errorf("read: %w", syscall.ECONNRESET), true},
+		// Answers of a live agent: no reason to wait for a death.
+		{connect.NewError(connect.CodeUnavailable, errors.New("the desktop is restarting; retry")), false},
+		{&agentclient.StatusError{Code: 500, Message: "disk broke"}, false},
+		{errors.New("internal"), false},
+	} {
+		if got := connectionLost(c.err); got != c.want {
+			t.Errorf("connectionLost(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
 

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -222,6 +224,22 @@ func orDefault(s, def string) string {
 	return s
 }
 
+// connectionLost reports whether err is the agent's connection failing
+// (refused, reset, cut mid-stream) rather than an answer the agent gave,
+// such as "the desktop is restarting". Only then can the sandbox be dying
+// under the request, and only then is it worth waiting to find out: the
+// agent's own answers go back at once.
+func connectionLost(err error) bool {
+	var oe *net.OpError
+	switch {
+	case errors.As(err, &oe),
+		errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, context.Canceled),
+		errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return true
+	}
+	return false
+}
+
 // writeError answers with err's status and error body. Server-side errors
 // are logged with their details, which the body never carries.
 func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
@@ -244,7 +262,7 @@ func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err e
 		// killed for memory, say): that is the answer, not a fault of
 		// the daemon.
 		if id := r.PathValue("id"); id != "" {
-			if _, ending, werr := s.mgr.Watch(r.Context(), id); werr == nil {
+			if _, ending, werr := s.mgr.Watch(r.Context(), id); werr == nil && connectionLost(err) {
 				// The runtime's death is noticed a moment after
 				// the agent's stream breaks.
 				select {
