@@ -4,8 +4,9 @@
 // ext4 filesystem for the data directory, and starts a cubicled there
 // (loopback only, sandbox networking on a bridge of that namespace, an
 // address pool two larger than the loops need). It runs N agent loops on
-// the gvisor backend: create a desktop → screenshot, click and exec about
-// once a second for a while → destroy → again. Meanwhile it injects faults,
+// the gvisor backend: create a desktop → screenshot and click twice a
+// second if the machine allows (an exec every fifth time) for a few
+// minutes, an agent's task → destroy → again. Meanwhile it injects faults,
 // each kind on its own schedule: kill -9 of a sandbox's runtime processes,
 // kill -9 of cubicled itself (restarted at once), a client that disconnects mid-exec, one that
 // disconnects mid-upload, the agent's processes killed from inside the
@@ -18,7 +19,8 @@
 // It reports, in Markdown: faults injected by kind, sandboxes made, lost
 // (a sandbox that stopped though no fault hit it) and stuck (a create that
 // never became ready), p50/p99 of screenshot, click and exec latency under
-// that load, the loops' achieved rate, and cubicled's RSS at the start and
+// that load, cubicled's restart time, the loops' achieved rate (each
+// loop's too), and cubicled's RSS at the start, before each kill and at
 // the end. It exits 1 if the audit or the loops found anything wrong.
 package main
 
