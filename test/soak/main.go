@@ -69,9 +69,8 @@ type soak struct {
 	all      map[string]bool // every sandbox made
 	current  map[int]string  // worker → its sandbox now
 	problems []string
-	inUse    time.Duration // summed over the loops: time spent using a sandbox
-	// loopActions and loopInUse are the same per loop, for the rate of
-	// the slowest one.
+	// loopActions and loopInUse are each loop's screenshot+clicks and
+	// time spent using a sandbox, for the rate of the slowest one.
 	loopActions map[int]int
 	loopInUse   map[int]time.Duration
 	period      time.Duration // of a loop's screenshot+click
@@ -226,10 +225,7 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 		t0 := time.Now()
 		s.use(ctx, worker, sb.ID, s.session/2+rand.N(s.session))
 		s.mu.Lock()
-		s.inUse += time.Since(t0)
 		s.loopInUse[worker] += time.Since(t0)
-		s.mu.Unlock()
-		s.mu.Lock()
 		delete(s.current, worker)
 		s.mu.Unlock()
 		// Destroy always completes, whatever state the sandbox is in. An
@@ -577,8 +573,12 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 		fmt.Fprintf(&b, "cubicled RSS just before each of its %d kills: min %.1f MiB, max %.1f MiB; mean of the first third %.1f MiB, of the last third %.1f MiB.\n\n",
 			len(k), float64(slices.Min(k))/1024, float64(slices.Max(k))/1024, meanMiB(k[:third]), meanMiB(k[len(k)-third:]))
 	}
+	var inUse time.Duration
+	for _, d := range s.loopInUse {
+		inUse += d
+	}
 	fmt.Fprintf(&b, "Screenshot+click loop: %.2f Hz per desktop over the run (creates and destroys included), %.2f Hz while a sandbox was in use.\n\n",
-		float64(s.count["actions"])/(float64(n)*took.Seconds()), float64(s.count["actions"])/max(s.inUse.Seconds(), 1))
+		float64(s.count["actions"])/(float64(n)*took.Seconds()), float64(s.count["actions"])/max(inUse.Seconds(), 1))
 	var rates []float64
 	for w, d := range s.loopInUse {
 		rates = append(rates, float64(s.loopActions[w])/max(d.Seconds(), 1))
