@@ -14,9 +14,7 @@ import (
 // daemon's packages, the store or cgo, and must build with CGO_ENABLED=0.
 func TestDeps(t *testing.T) {
 	needs.Command(t, "go")
-	if testing.Short() {
-		t.Skip("builds the agent")
-	}
+	needs.Long(t, "builds the agent")
 	cmd := exec.Command("go", "list", "-deps", "github.com/cubicle-dev/cubicle/cmd/cubicle-agent")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()

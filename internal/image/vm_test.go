@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // fakeBzImage wraps payload the way an x86 bzImage does: a setup header
@@ -45,9 +47,7 @@ func TestExtractVmlinuxGzip(t *testing.T) {
 // TestExtractVmlinuxXZ compresses with xz the way the kernel build does
 // (x86 BCJ filter + LZMA2, CRC32), when xz is installed.
 func TestExtractVmlinuxXZ(t *testing.T) {
-	if _, err := exec.LookPath("xz"); err != nil {
-		t.Skip("no xz")
-	}
+	needs.Command(t, "xz")
 	// Code-like bytes with E8/E9 call and jump opcodes the filter rewrites.
 	var elf bytes.Buffer
 	elf.WriteString("\x7fELF")
@@ -88,14 +88,16 @@ func TestWriteInitramfs(t *testing.T) {
 			t.Errorf("archive lacks %q", want)
 		}
 	}
-	if _, err := exec.LookPath("cpio"); err == nil {
+	// cpio, the kernel's own format's reference reader, lists what we wrote.
+	t.Run("cpio reads it", func(t *testing.T) {
+		needs.Command(t, "cpio")
 		cmd := exec.Command("cpio", "-it")
 		cmd.Stdin = bytes.NewReader(buf.Bytes())
 		out, err := cmd.CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "lib/modules/a.ko") || !strings.Contains(string(out), "dev/console") {
 			t.Errorf("cpio -it: %v\n%s", err, out)
 		}
-	}
+	})
 	agent := filepath.Join(dir, "agent")
 	os.WriteFile(agent, []byte("agent v1"), 0o755)
 	p1, err := Initramfs(vm, agent, filepath.Join(dir, "cache"))
@@ -112,9 +114,7 @@ func TestWriteInitramfs(t *testing.T) {
 }
 
 func TestMakeDisk(t *testing.T) {
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skip("no mkfs.ext4")
-	}
+	needs.Command(t, "mkfs.ext4")
 	root := t.TempDir()
 	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
 	os.WriteFile(filepath.Join(root, "etc", "hostname"), []byte("x\n"), 0o644)

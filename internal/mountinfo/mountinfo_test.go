@@ -1,8 +1,9 @@
 package mountinfo
 
 import (
-	"os"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 func TestUnescape(t *testing.T) {
@@ -18,9 +19,7 @@ func TestUnescape(t *testing.T) {
 }
 
 func TestUnder(t *testing.T) {
-	if _, err := os.Stat("/proc/self/mountinfo"); err != nil {
-		t.Skip("no /proc/self/mountinfo")
-	}
+	needs.Path(t, "/proc/self/mountinfo")
 	mps, err := Under("/")
 	if err != nil {
 		t.Fatal(err)

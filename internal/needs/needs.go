@@ -48,7 +48,7 @@ func Root(t testing.TB) {
 func Command(t testing.TB, names ...string) {
 	t.Helper()
 	for _, n := range names {
-		if _, err := exec.LookPath(n); err != nil {
+		if _, err := exec.LookPath(n); err != nil { //depcheck:caller
 			Skip(t, "needs command %q on PATH: %v", n, err)
 		}
 	}
@@ -66,14 +66,14 @@ func Xvfb(t testing.TB) {
 func Runtime(t testing.TB, name string) {
 	t.Helper()
 	Root(t)
-	path, err := exec.LookPath(name)
+	path, err := exec.LookPath(name) //depcheck:caller
 	if err != nil {
 		Skip(t, "needs OCI runtime %q on PATH: %v", name, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(ctx, path, "--version").CombinedOutput(); err != nil { //depcheck:caller
 		Skip(t, "OCI runtime %s does not run: %v: %s", path, err, out)
 	}
 }
@@ -110,4 +110,22 @@ func Env(t testing.TB, name string) string {
 func isDir(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.IsDir()
+}
+
+// Long gates t on the run not being -short: reason says what makes the
+// test long (it starts Chromium, builds a binary).
+func Long(t testing.TB, reason string) {
+	t.Helper()
+	if testing.Short() {
+		Skip(t, "%s; skipped in -short mode", reason)
+	}
+}
+
+// Path gates t on the file or directory p existing (a kernel interface
+// such as /proc/self/mountinfo, a device).
+func Path(t testing.TB, p string) {
+	t.Helper()
+	if _, err := os.Stat(p); err != nil {
+		Skip(t, "needs %s: %v", p, err)
+	}
 }

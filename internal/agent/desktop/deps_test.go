@@ -5,16 +5,19 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // TestDependencies keeps the desktop lean: it builds without cgo and
 // imports nothing of the project but internal/action and proto/desktop.
 func TestDependencies(t *testing.T) {
+	needs.Command(t, "go")
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go tool not found")
+		t.Fatal(err)
 	}
-	cmd := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{.CgoFiles}}", ".")
+	cmd := exec.Command(gobin, "list", "-deps", "-f", "{{.ImportPath}} {{.CgoFiles}}", ".") //depcheck:runs go
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/jezek/xgb/xproto"
 
 	"github.com/cubicle-dev/cubicle/internal/action"
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 func TestMain(m *testing.M) {
@@ -24,23 +25,11 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// needsXvfb skips the test when Xvfb is not installed, or fails it when
-// CUBICLE_REQUIRE_E2E=1 says the run must cover it.
-func needsXvfb(tb testing.TB) {
-	tb.Helper()
-	if _, err := exec.LookPath("Xvfb"); err != nil {
-		if os.Getenv("CUBICLE_REQUIRE_E2E") == "1" {
-			tb.Fatalf("Xvfb not found and CUBICLE_REQUIRE_E2E=1: %v", err)
-		}
-		tb.Skipf("Xvfb not found: %v", err)
-	}
-}
-
 // startXvfb starts a 1024x768x24 Xvfb on a free display (Xvfb picks it and
 // reports it through -displayfd) and stops it when the test ends.
 func startXvfb(tb testing.TB) string {
 	tb.Helper()
-	needsXvfb(tb)
+	needs.Xvfb(tb)
 	r, w, err := os.Pipe()
 	if err != nil {
 		tb.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // desktopScript starts the desktop session the way the agent will (Xvfb,
@@ -45,9 +46,7 @@ pgrep -c chromium
 // import (the slow baseline the agent replaces). It logs how long Chromium
 // took to paint. With $CUBICLE_SCREENSHOT_DIR set, it keeps the screenshot.
 func TestDesktopInBox(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Chromium; skipped in -short mode")
-	}
+	needs.Long(t, "starts Chromium")
 	for _, rt := range runtimes {
 		t.Run(rt, func(t *testing.T) {
 			d, image := newTestDriver(t, rt)
