@@ -33,9 +33,10 @@ image: build
 run: deps image
 	./scripts/demo.sh
 
-# test is the full suite: unit, agent-on-Xvfb integration, end-to-end on the
-# real image with gvisor and runc, and short fuzz runs.
-test: deps image unit fuzz
+# test is the full suite: lint, unit (with the dependency check,
+# test/depcheck), agent-on-Xvfb integration, end-to-end on the real image
+# with gvisor and runc, and short fuzz runs.
+test: deps image lint unit fuzz
 
 unit:
 	$(GO) vet ./...

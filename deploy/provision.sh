@@ -8,9 +8,12 @@
 # Usage (as root, from a checkout with bin/ built by `make build`, or with
 # the binaries already in /usr/local/bin):
 #   deploy/provision.sh [--no-kvm-ok] [--skip-image]
+#   deploy/provision.sh --list
 #
 # --no-kvm-ok  continue on a host without usable KVM (gvisor/runc only)
 # --skip-image do not build the desktop image now
+# --list       print what it installs ("deb PACKAGE", "file PATH") and exit;
+#              read by the dependency check (test/depcheck)
 set -euo pipefail
 
 # Pinned Firecracker release. The SHA-256 is of the release tarball
@@ -23,13 +26,30 @@ FC_URL=https://github.com/firecracker-microvm/firecracker/releases/download/${FC
 PREFIX=/usr/local/bin
 SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
 
+# The Debian packages a production host needs. scripts/deps.sh installs the
+# same and more for development and tests.
+packages=(
+  runsc runc                       # gvisor and runc backends
+  qemu-system-x86 qemu-utils       # qemu backend
+  debootstrap e2fsprogs            # image builds (rootfs, ext4 disks)
+  nftables iproute2 kmod           # sandbox networking
+  util-linux mount                 # unshare, loop-mounted sandbox disks
+  ca-certificates curl rsync acl
+)
+
+if [ "${1:-}" = --list ]; then
+  printf 'deb %s\n' "${packages[@]}"
+  printf 'file %s\n' "$PREFIX/firecracker" "$PREFIX/jailer"
+  exit 0
+fi
+
 no_kvm_ok=0
 skip_image=0
 for arg in "$@"; do
   case "$arg" in
     --no-kvm-ok) no_kvm_ok=1 ;;
     --skip-image) skip_image=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "provision: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -67,13 +87,6 @@ if [ "$kvm_ok" -eq 0 ] && [ "$no_kvm_ok" -eq 0 ]; then
 fi
 
 # --- packages ------------------------------------------------------------
-packages=(
-  runsc runc                       # gvisor and runc backends
-  qemu-system-x86 qemu-utils       # qemu backend
-  debootstrap e2fsprogs            # image builds (rootfs, ext4 disks)
-  nftables iproute2                # sandbox networking
-  ca-certificates curl rsync acl
-)
 command -v npm >/dev/null 2>&1 || packages+=(nodejs npm)   # fetches noVNC for the live view
 missing=()
 for p in "${packages[@]}"; do

@@ -215,7 +215,7 @@ func (b *builder) installPackages(ctx context.Context) error {
 	if err := os.Chmod(filepath.Join(b.rootfs, "usr/sbin/policy-rc.d"), 0o755); err != nil {
 		return err
 	}
-	if err := b.run(ctx, "/bin/sh", "-c", hostScript, "sh", b.rootfs, b.debs); err != nil {
+	if err := b.run(ctx, "/bin/sh", "-c", hostScript, "sh", b.rootfs, b.debs); err != nil { //depcheck:runs mount chroot umount
 		return err
 	}
 	return writeFiles(b.rootfs, map[string][]byte{
@@ -386,10 +386,12 @@ func copyTree(root *os.Root, r *Recipe, recipeFS fs.FS) error {
 // run runs a build command on the host with its output in the build log, in
 // a private mount namespace and its own process group, which is killed when
 // ctx ends. Errors carry the tail of the log.
+//
+//depcheck:runner
 func (b *builder) run(ctx context.Context, name string, args ...string) error {
 	fmt.Fprintf(b.log, "\n$ %s %s\n", name, strings.Join(args, " "))
 	start, _ := b.log.Seek(0, io.SeekCurrent)
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := exec.CommandContext(ctx, name, args...) //depcheck:caller
 	cmd.Stdout, cmd.Stderr = b.log, b.log
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive", "HOME=/root"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Unshareflags: syscall.CLONE_NEWNS}

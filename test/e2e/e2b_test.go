@@ -175,11 +175,13 @@ func npmCI(t *testing.T, dir string) {
 // variables of the caller's own environment removed, so that only the
 // test's reach the SDKs), logs its output line by line as it comes and
 // returns it.
+//
+//depcheck:runner
 func runLogged(t *testing.T, timeout time.Duration, dir string, env []string, name string, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
+	cmd := exec.CommandContext(ctx, name, args...) //depcheck:caller
 	cmd.Dir = dir
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "E2B_") {

@@ -98,7 +98,7 @@ func TestDesktopEndToEnd(t *testing.T) {
 	for _, backend := range backends() {
 		t.Run(backend, func(t *testing.T) {
 			if rt, ok := map[string]string{"gvisor": "runsc", "runc": "runc"}[backend]; ok {
-				needs.Runtime(t, rt)
+				needs.Runtime(t, rt) //depcheck:runs runsc runc
 			}
 			d, c := startDaemon(t, backend)
 			ctx := context.Background()

@@ -31,7 +31,7 @@ func TestLimits(t *testing.T) {
 			continue
 		}
 		t.Run(backend, func(t *testing.T) {
-			needs.Runtime(t, map[string]string{"gvisor": "runsc", "runc": "runc"}[backend])
+			needs.Runtime(t, map[string]string{"gvisor": "runsc", "runc": "runc"}[backend]) //depcheck:runs runsc runc
 			testLimits(t, backend)
 		})
 	}

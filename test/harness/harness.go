@@ -148,7 +148,7 @@ func (d *Daemon) start(ctx context.Context) error {
 		"--default-backend", d.opts.DefaultBackend, "--agent-bin", filepath.Join(d.bin, "cubicle-agent"),
 		"--log-level", "debug", "--novnc-dir", NoVNCDir(),
 	}, d.opts.Args...)
-	cmd := exec.Command(filepath.Join(d.bin, "cubicled"), args...)
+	cmd := exec.Command(filepath.Join(d.bin, "cubicled"), args...) //depcheck:built
 	cmd.Env = append(os.Environ(), "CUBICLE_API_KEYS="+d.APIKey)
 	cmd.Env = append(cmd.Env, d.opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf

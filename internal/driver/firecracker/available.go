@@ -69,13 +69,13 @@ func (d *Driver) Versions(ctx context.Context) (firecracker, jailer string, err 
 
 // binaryVersion runs `path --version` and returns its first line.
 func binaryVersion(ctx context.Context, path string) (string, error) {
-	p, err := exec.LookPath(path)
+	p, err := exec.LookPath(path) //depcheck:runs firecracker jailer
 	if err != nil {
 		return "", fmt.Errorf("%s not found", path)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, p, "--version").CombinedOutput()
+	out, err := exec.CommandContext(ctx, p, "--version").CombinedOutput() //depcheck:runs firecracker jailer
 	if err != nil {
 		return "", fmt.Errorf("%s --version: %v: %s", p, err, bytes.TrimSpace(out))
 	}

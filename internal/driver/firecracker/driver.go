@@ -228,7 +228,7 @@ func New(cfg Config) *Driver {
 	}
 	for _, p := range []*string{&cfg.FirecrackerBin, &cfg.JailerBin} {
 		if !strings.Contains(*p, "/") {
-			if abs, err := exec.LookPath(*p); err == nil {
+			if abs, err := exec.LookPath(*p); err == nil { //depcheck:runs firecracker jailer
 				*p = abs
 			}
 		}

@@ -118,7 +118,7 @@ func (d *Driver) jailerCommand(id, netns string, memMB, cgroupVersion int) *exec
 	}
 	args = append(args[:i:i], append(extra, args[i:]...)...)
 	// Not CommandContext: the VM must outlive the request that made it.
-	return exec.Command(b.Bin(), args...)
+	return exec.Command(b.Bin(), args...) //depcheck:runs jailer
 }
 
 // cgroupControllers returns the controllers named by the --cgroup

@@ -78,7 +78,7 @@ var _ driver.Driver = (*Driver)(nil)
 // New returns a driver for cfg. It does not touch the host; call Available.
 func New(cfg Config) *Driver {
 	if cfg.RuntimePath == "" {
-		if p, err := exec.LookPath(cfg.Runtime); err == nil {
+		if p, err := exec.LookPath(cfg.Runtime); err == nil { //depcheck:runs runsc runc
 			cfg.RuntimePath = p
 		} else {
 			cfg.RuntimePath = cfg.Runtime
@@ -126,13 +126,13 @@ func (d *Driver) Available(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return d.unavailable("needs root to start containers (euid %d)", os.Geteuid())
 	}
-	path, err := exec.LookPath(d.cfg.RuntimePath)
+	path, err := exec.LookPath(d.cfg.RuntimePath) //depcheck:runs runsc runc
 	if err != nil {
 		return d.unavailable("%s not found (apt-get install %s): %v", d.cfg.Runtime, d.cfg.Runtime, err)
 	}
 	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if out, err := exec.CommandContext(vctx, path, "--version").CombinedOutput(); err != nil {
+	if out, err := exec.CommandContext(vctx, path, "--version").CombinedOutput(); err != nil { //depcheck:runs runsc runc
 		return d.unavailable("%s --version failed: %v: %s", path, err, strings.TrimSpace(string(out)))
 	}
 	if !hasFilesystem("overlay") {
@@ -382,12 +382,12 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 		// untouched.
 		script := `nsenter --net="$CUBICLE_NETNS" mount -t tmpfs -o ro,size=4k cubicle-runsc-netfix /proc/sys/net/core && exec "$0" "$@"`
 		argv = append([]string{"--mount", "--propagation", "slave", "--", "/bin/sh", "-c", script, d.cfg.RuntimePath}, argv...)
-		cmd := exec.CommandContext(ctx, "unshare", argv...)
+		cmd := exec.CommandContext(ctx, "unshare", argv...) //depcheck:runs sh nsenter mount
 		cmd.Env = append(os.Environ(), "CUBICLE_NETNS="+netns)
 		cmd.WaitDelay = 5 * time.Second
 		return cmd
 	}
-	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, argv...)
+	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, argv...) //depcheck:runs runsc runc
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }

@@ -43,7 +43,7 @@ func buildTestAgent(t *testing.T) string {
 // newTestDriver returns a driver for runtime with a fresh state directory.
 func newTestDriver(t *testing.T, runtime string) (*Driver, string) {
 	t.Helper()
-	needs.Runtime(t, runtime)
+	needs.Runtime(t, runtime) //depcheck:caller
 	image := imageRootFS(t)
 	// Every box gets a disk-limited layer, as cubicled's default does.
 	d := New(Config{Runtime: runtime, StateDir: filepath.Join(t.TempDir(), "st"), AgentBinary: buildTestAgent(t), DiskMB: 256})
