@@ -23,6 +23,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/apikey"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/firecracker"
@@ -130,14 +131,9 @@ func run() error {
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	var keys []string
-	for _, k := range strings.Split(os.Getenv("CUBICLE_API_KEYS"), ",") {
-		if k = strings.TrimSpace(k); k != "" {
-			keys = append(keys, k)
-		}
-	}
+	keys := apikey.ParseList(os.Getenv(apikey.EnvVar))
 	if len(keys) == 0 && !isLoopback(*listen) {
-		return fmt.Errorf("refusing to listen on %s without an API key: set CUBICLE_API_KEYS", *listen)
+		return fmt.Errorf("refusing to listen on %s without an API key: set %s", *listen, apikey.EnvVar)
 	}
 	inFlight := inflight.New(*maxInFlight)
 	if *diskMB < 0 {

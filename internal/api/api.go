@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/apikey"
 	"github.com/cubicle-dev/cubicle/internal/inflight"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -166,7 +166,7 @@ type server struct {
 	mgr     Manager
 	metrics *metrics.Metrics
 	log     *slog.Logger
-	keys    [][sha256.Size]byte
+	keys    *apikey.Set
 	create  *rate.Limiter
 	mux     *http.ServeMux
 	auth    map[string]authMode // by pattern
@@ -291,14 +291,10 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 		mgr:     mgr,
 		metrics: m,
 		log:     log,
+		keys:    apikey.New(cfg.APIKeys),
 		create:  rate.NewLimiter(cfg.CreateRate, cfg.CreateBurst),
 		mux:     http.NewServeMux(),
 		auth:    map[string]authMode{},
-	}
-	for _, k := range cfg.APIKeys {
-		if k != "" {
-			s.keys = append(s.keys, sha256.Sum256([]byte(k)))
-		}
 	}
 	for _, rt := range s.routes() {
 		h := rt.handler

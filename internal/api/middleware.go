@@ -2,8 +2,6 @@ package api
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"crypto/subtle"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/apikey"
 )
 
 // unmatchedRoute labels requests that match no route in logs and metrics.
@@ -78,7 +76,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		mount.Handler.ServeHTTP(rec, r)
 		return
 	}
-	if s.auth[pattern] == authKey && !s.authorized(r) {
+	if s.auth[pattern] == authKey && !s.keys.Authorized(r) {
 		rec.Header().Set("WWW-Authenticate", `Bearer realm="cubicle"`)
 		s.writeError(rec, r, errUnauthorized)
 		return
@@ -111,47 +109,7 @@ func (b *progressBody) Read(p []byte) (int, error) {
 }
 
 // errUnauthorized is the answer to a missing or wrong API key.
-var errUnauthorized = &httpError{status: http.StatusUnauthorized, code: codeUnauthorized,
-	msg: "missing or invalid API key (send X-API-Key or Authorization: Bearer)"}
-
-// requestKey is the API key r carries: X-API-Key, else a bearer token.
-func requestKey(r *http.Request) string {
-	if key := r.Header.Get("X-API-Key"); key != "" {
-		return key
-	}
-	if auth := r.Header.Get("Authorization"); len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
-		return strings.TrimSpace(auth[7:])
-	}
-	return ""
-}
-
-// owner is who r acts for, for the per-key quotas: the digest of its API
-// key, or "" when the daemon has no keys.
-func (s *server) owner(r *http.Request) string {
-	if len(s.keys) == 0 {
-		return ""
-	}
-	return sandbox.KeyOwner(requestKey(r))
-}
-
-// authorized reports whether r carries one of the configured API keys. Both
-// sides are hashed so that the comparison is constant time whatever the
-// lengths, and every key is compared, without an early exit.
-func (s *server) authorized(r *http.Request) bool {
-	if len(s.keys) == 0 {
-		return true
-	}
-	key := requestKey(r)
-	if key == "" {
-		return false
-	}
-	got := sha256.Sum256([]byte(key))
-	match := 0
-	for _, k := range s.keys {
-		match |= subtle.ConstantTimeCompare(got[:], k[:])
-	}
-	return match == 1
-}
+var errUnauthorized = &httpError{status: http.StatusUnauthorized, code: codeUnauthorized, msg: apikey.Refused}
 
 // serveUnmatched answers a request that matches no route in the API's error
 // shape: 404, or 405 (with Allow) when the path exists with other methods.

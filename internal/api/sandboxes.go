@@ -310,7 +310,7 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req.Owner = s.owner(r)
+	req.Owner = s.keys.Owner(r)
 	sb, err := s.mgr.Create(r.Context(), req, wait)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -150,8 +150,8 @@ func (s *server) authorizeView(r *http.Request, id string) (viewGrant, sandbox.S
 	tok := r.URL.Query().Get("token")
 	// A valid API key wins over a token; with auth off (no keys, loopback
 	// only) a request without a token is let in like every other request.
-	if tok == "" || len(s.keys) > 0 && s.authorized(r) {
-		if !s.authorized(r) {
+	if tok == "" || s.keys.Enabled() && s.keys.Authorized(r) {
+		if !s.keys.Authorized(r) {
 			return viewGrant{}, sandbox.Sandbox{}, &httpError{status: http.StatusUnauthorized, code: codeUnauthorized,
 				msg: "a view token (?token=) or an API key is required"}
 		}

@@ -36,7 +36,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, defaultTimeout i
 		writeError(w, s.log, r, err)
 		return
 	}
-	p.req.Owner = s.owner(r)
+	p.req.Owner = s.keys.Owner(r)
 	sb, err := s.mgr.Create(r.Context(), p.req, true)
 	if err != nil {
 		writeError(w, s.log, r, fmt.Errorf("create sandbox from template %s: %w", p.req.Template, err))

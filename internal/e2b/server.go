@@ -2,8 +2,6 @@ package e2b
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -12,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/apikey"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
@@ -74,7 +73,7 @@ type Server struct {
 	cfg       Config
 	mgr       Manager
 	log       *slog.Logger
-	keys      [][sha256.Size]byte
+	keys      *apikey.Set
 	templates map[string]string // E2B name → cubicle template
 	names     map[string]string // cubicle template → E2B name shown
 	now       func() time.Time  // tests replace it
@@ -100,14 +99,10 @@ func New(cfg Config, mgr Manager, log *slog.Logger) *Server {
 		cfg:       cfg,
 		mgr:       mgr,
 		log:       log,
+		keys:      apikey.New(cfg.APIKeys),
 		templates: maps.Clone(cfg.Templates),
 		names:     map[string]string{},
 		now:       time.Now,
-	}
-	for _, k := range cfg.APIKeys {
-		if k != "" {
-			s.keys = append(s.keys, sha256.Sum256([]byte(k)))
-		}
 	}
 	// Listing shows one E2B name per cubicle template: the identical name
 	// if there is one, else the first in sort order, so that it is stable.
@@ -195,54 +190,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // requireKey wraps h with the API key check.
 func (s *Server) requireKey(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			writeError(w, s.log, r, statusErrorf(http.StatusUnauthorized,
-				"missing or invalid API key (send X-API-Key or Authorization: Bearer)"))
+		if !s.keys.Authorized(r) {
+			writeError(w, s.log, r, statusErrorf(http.StatusUnauthorized, "%s", apikey.Refused))
 			return
 		}
 		h(w, r)
 	}
-}
-
-// requestKey is the API key r carries: X-API-Key, else a bearer token.
-func requestKey(r *http.Request) string {
-	if key := r.Header.Get("X-API-Key"); key != "" {
-		return key
-	}
-	const prefix = "bearer "
-	if auth := r.Header.Get("Authorization"); len(auth) > len(prefix) && strings.EqualFold(auth[:len(prefix)], prefix) {
-		return strings.TrimSpace(auth[len(prefix):])
-	}
-	return ""
-}
-
-// owner is who r acts for, for the per-key quotas (see sandbox.KeyOwner).
-func (s *Server) owner(r *http.Request) string {
-	if len(s.keys) == 0 {
-		return ""
-	}
-	return sandbox.KeyOwner(requestKey(r))
-}
-
-// authorized reports whether r carries one of the configured keys, in
-// X-API-Key (the JS SDK spells it X-API-KEY; header names are
-// case-insensitive) or else as a bearer token. Both sides are hashed so the
-// comparison takes the same time whatever the lengths, and every key is
-// compared without an early exit.
-func (s *Server) authorized(r *http.Request) bool {
-	if len(s.keys) == 0 {
-		return true
-	}
-	key := requestKey(r)
-	if key == "" {
-		return false
-	}
-	got := sha256.Sum256([]byte(key))
-	match := 0
-	for _, k := range s.keys {
-		match |= subtle.ConstantTimeCompare(got[:], k[:])
-	}
-	return match == 1
 }
 
 // statusWriter remembers whether a response was started, so a panic after
