@@ -301,13 +301,23 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if spec.Net != nil {
 		netns = spec.Net.Netns
 	}
-	cmd := d.commandNet(ctx, netns, "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, spec.ID)
+	// The runtime is not killed when ctx ends: killed half-way through
+	// `run`, runc leaves the box's cgroups and runsc a running sandbox
+	// and gofer that neither `delete` nor Cleanup can find (it wrote no
+	// state yet). It finishes, bounded on its own, and the roll-back
+	// deletes the whole container; ctx is checked right after.
+	runCtx, cancelRun := context.WithTimeout(teardown, time.Minute)
+	defer cancelRun()
+	cmd := d.commandNet(runCtx, netns, "run", "--detach", "--pid-file", pidFile, "--bundle", bundle, spec.ID)
 	// The container inherits these files as its stdio: they must be files,
 	// not pipes to the daemon, so it outlives us.
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
 		return nil, fmt.Errorf("create %s: %s run: %w\n%s", spec.ID, d.cfg.Runtime, err, hostfile.Tail(filepath.Join(dir, "console.log"), 20))
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
 	pid, err := hostfile.ReadPid(pidFile)
 	if err != nil {
