@@ -22,8 +22,8 @@ func TestScan(t *testing.T) {
 	needs.Command(t, "losetup", "sh", "sleep", "ip")
 	state := t.TempDir()
 	tests := []struct {
-		name  string
-		kind  func(Traces) []string
+		name string
+		kind func(Traces) []string
 		// leave makes the trace and returns how to undo it; extra paths
 		// it makes are passed to Scan as Paths would be.
 		leave func(t *testing.T, id string, extra *[]string) (undo func())
