@@ -25,8 +25,9 @@ func IsInit() bool {
 const modulesList = "/etc/cubicle/modules"
 
 // Boot brings the VM up from the initramfs to the point where the agent can
-// run: it mounts /dev, /proc and /sys, loads the kernel modules, reads the
-// Config from the config disk, mounts the root disk and switches to it
+// run: it mounts /dev, /proc and /sys, loads the kernel modules, finds its
+// two disks (by serial or contents, see diskFinder), reads the Config from
+// the config disk, mounts the root disk and switches to it
 // (deleting the initramfs's files to free their memory), mounts /run, /tmp,
 // /dev/pts and /dev/shm, sets the hostname, and configures loopback and the
 // network from the kernel's ip= parameter. It also turns Ctrl-Alt-Del into
@@ -50,21 +51,14 @@ func Boot(log *slog.Logger) (Config, error) {
 	}
 	_ = unix.Reboot(unix.LINUX_REBOOT_CMD_CAD_OFF)
 
-	rootFallback, _ := cmdlineParam(string(cmdline), "root")
-	if rootFallback == "" {
-		rootFallback = "/dev/vda"
-	}
-	root, err := waitDisk(RootSerial, rootFallback, 30*time.Second)
+	disks := diskFinder{sys: "/sys", dev: "/dev"}
+	root, err := disks.wait(rootDisk, 30*time.Second)
 	if err != nil {
-		return Config{}, fmt.Errorf("root disk: %w", err)
-	}
-	cfgFallback, _ := cmdlineParam(string(cmdline), "cubicle.config")
-	if cfgFallback == "" {
-		cfgFallback = "/dev/vdb"
+		return Config{}, err
 	}
 	var cfg Config
-	if dev, err := waitDisk(ConfigSerial, cfgFallback, 5*time.Second); err != nil {
-		return Config{}, fmt.Errorf("config disk: %w", err)
+	if dev, err := disks.wait(configDisk, 5*time.Second); err != nil {
+		return Config{}, err
 	} else if cfg, err = readConfig(dev); err != nil {
 		return Config{}, err
 	}
@@ -142,43 +136,13 @@ func loadModules(log *slog.Logger) {
 	}
 }
 
-// waitDisk returns the /dev path of the virtio disk whose serial is serial.
-// When no virtio disk reports a serial at all (Firecracker sets none), it
-// falls back to fallback once that device exists.
-func waitDisk(serial, fallback string, timeout time.Duration) (string, error) {
-	deadline := time.Now().Add(timeout)
-	for {
-		sawSerial := false
-		blocks, _ := filepath.Glob("/sys/block/vd*")
-		for _, b := range blocks {
-			s, err := os.ReadFile(filepath.Join(b, "serial"))
-			if err != nil {
-				continue
-			}
-			sawSerial = sawSerial || len(strings.TrimSpace(string(s))) > 0
-			if strings.TrimSpace(string(s)) == serial {
-				return "/dev/" + filepath.Base(b), nil
-			}
-		}
-		if !sawSerial && len(blocks) > 0 {
-			if _, err := os.Stat(fallback); err == nil {
-				return fallback, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("%w: serial %q (disks: %v)", errNoDisk, serial, blocks)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func readConfig(dev string) (Config, error) {
 	f, err := os.Open(dev)
 	if err != nil {
 		return Config{}, err
 	}
 	defer f.Close()
-	buf := make([]byte, 1<<20)
+	buf := make([]byte, maxConfig)
 	n, _ := f.Read(buf)
 	for n < len(buf) {
 		k, err := f.Read(buf[n:])

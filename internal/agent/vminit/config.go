@@ -30,6 +30,9 @@ const (
 	// ConfigSerial is the serial of the config disk: a raw, read-only
 	// virtio-blk device holding the Config as JSON padded with NULs.
 	ConfigSerial = "cubicle-config"
+	// RootLabel is the ext4 volume label of the root disk
+	// (internal/image makes it with mkfs.ext4 -L cubicle-root).
+	RootLabel = "cubicle-root"
 	// ProbeParam on the kernel command line makes init print ProbeOK on the
 	// console and power off at once: drivers boot that to find out whether
 	// a hypervisor (such as a KVM that hangs guests) really runs a VM.

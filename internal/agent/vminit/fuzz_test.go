@@ -40,3 +40,31 @@ func FuzzDecodeConfig(f *testing.F) {
 		DecodeConfig(b)
 	})
 }
+
+// FuzzClassifyDisk: the first bytes of a virtio disk, which the guest reads
+// to tell its root disk from its config disk; no input may panic, and
+// nothing is taken for both.
+func FuzzClassifyDisk(f *testing.F) {
+	b, _ := EncodeConfig(Config{Token: "t"})
+	f.Add(b)
+	sb := make([]byte, 2048)
+	sb[ext4MagicOffset], sb[ext4MagicOffset+1] = 0x53, 0xEF
+	copy(sb[ext4LabelOffset:], RootLabel)
+	f.Add(sb)
+	f.Add([]byte(`{"token":"x"`))
+	f.Fuzz(func(t *testing.T, head []byte) {
+		k, ok := classifyDisk(head)
+		if !ok {
+			return
+		}
+		_, isExt4 := ext4Label(head)
+		if (k == rootDisk) != isExt4 {
+			t.Fatalf("classified %v, ext4 %v", k, isExt4)
+		}
+		if k == configDisk {
+			if c, err := DecodeConfig(head); err != nil || c.Token == "" {
+				t.Fatalf("config without a token accepted: %+v %v", c, err)
+			}
+		}
+	})
+}
