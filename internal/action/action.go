@@ -7,17 +7,19 @@
 // It is pure Go with no X11 and no cgo, so both the host daemon (which parses
 // and rejects bad requests before they reach a sandbox) and the in-sandbox
 // agent (which validates coordinates against the real screen and runs the
-// actions) may import it. It must not import anything else from internal/.
+// actions) may import it. It must not import anything else from internal/
+// but internal/strictjson (the standard library only), the one home of
+// strict JSON decoding.
 package action
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"unicode/utf8"
+
+	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
 // Action types.
@@ -125,12 +127,12 @@ func errorf(format string, args ...any) *Error {
 // and triple_click, scroll amount 1, screenshot format "png"). Coordinates are
 // checked only against X11's limits; Validate checks them against a screen.
 func Parse(body []byte) ([]Action, error) {
-	var top map[string]json.RawMessage
-	if err := decodeStrict(body, &top); err != nil {
-		return nil, &Error{Msg: "request body must be a JSON object: " + jsonMessage(err)}
-	}
-	if top == nil {
+	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
 		return nil, &Error{Msg: "request body must be a JSON object, not null"}
+	}
+	var top map[string]json.RawMessage
+	if err := strictjson.Decode(body, &top); err != nil {
+		return nil, &Error{Msg: "request body must be a JSON object: " + err.Error()}
 	}
 	raw, isList := top["actions"]
 	if !isList {
@@ -144,8 +146,8 @@ func Parse(body []byte) ([]Action, error) {
 		return nil, &Error{Msg: `a request with "actions" must have no other fields`}
 	}
 	var items []json.RawMessage
-	if err := decodeStrict(raw, &items); err != nil {
-		return nil, &Error{Msg: `"actions" must be an array of action objects: ` + jsonMessage(err)}
+	if err := strictjson.Decode(raw, &items); err != nil {
+		return nil, &Error{Msg: `"actions" must be an array of action objects: ` + err.Error()}
 	}
 	if len(items) == 0 {
 		return nil, &Error{Msg: `"actions" is empty`}
@@ -170,48 +172,14 @@ func parseOne(data []byte) (Action, *Error) {
 		return Action{}, &Error{Msg: "action must be a JSON object, not null"}
 	}
 	var a Action
-	if err := decodeStrict(data, &a); err != nil {
-		return Action{}, &Error{Msg: "invalid action: " + jsonMessage(err)}
+	if err := strictjson.Decode(data, &a); err != nil {
+		return Action{}, &Error{Msg: "invalid action: " + err.Error()}
 	}
 	n, err := Normalize(a)
 	if err != nil {
 		return Action{}, err.(*Error)
 	}
 	return n, nil
-}
-
-// decodeStrict decodes exactly one JSON value, rejecting unknown fields and
-// trailing data.
-func decodeStrict(data []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return errors.New("unexpected data after the JSON value")
-	}
-	return nil
-}
-
-// jsonMessage turns an encoding/json error into a message without Go type
-// names.
-func jsonMessage(err error) string {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		if te.Field != "" {
-			return fmt.Sprintf("field %q: wrong type (%s)", te.Field, te.Value)
-		}
-		return fmt.Sprintf("wrong type (%s)", te.Value)
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return fmt.Sprintf("malformed JSON at byte %d: %v", se.Offset, se)
-	}
-	if err == io.EOF {
-		return "empty body"
-	}
-	return err.Error()
 }
 
 // field bits say which fields an action sets.

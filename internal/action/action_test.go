@@ -67,6 +67,7 @@ func TestParseErrors(t *testing.T) {
 		{"empty", ``, 0, "JSON object"},
 		{"not object", `[1]`, 0, "JSON object"},
 		{"null", `null`, 0, "null"},
+		{"invalid UTF-8", "{\"type\":\"type\",\"text\":\"a\xffb\"}", 0, "not valid UTF-8"},
 		{"trailing", `{"type":"wait","duration_ms":1} {}`, 0, "after"},
 		{"unknown field", `{"type":"move","x":1,"y":1,"z":3}`, 0, `"z"`},
 		{"unknown type", `{"type":"teleport"}`, 0, "unknown action type"},

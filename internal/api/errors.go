@@ -18,6 +18,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
 // API error codes (the "code" of an error body).
@@ -114,6 +115,11 @@ func classify(err error) *httpError {
 	if errors.As(err, &mbe) {
 		return &httpError{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
 			msg: fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)}
+	}
+	var je *strictjson.Error
+	if errors.As(err, &je) {
+		// A body that could not be read or decoded (readBody).
+		return &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: je.Error()}
 	}
 	var ae *action.Error
 	if errors.As(err, &ae) {

@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
 // Bounds of a create request (API.md "Lifecycle").
@@ -92,10 +93,8 @@ func (e *egressSpec) UnmarshalJSON(data []byte) error {
 		var obj struct {
 			Allow []string `json:"allow"`
 		}
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&obj); err != nil {
-			return invalidf("network.egress: %s", jsonMessage(err))
+		if err := strictjson.Decode(data, &obj); err != nil {
+			return invalidf("network.egress: %s", err)
 		}
 		if len(obj.Allow) == 0 {
 			return invalidf(`network.egress.allow must list at least one CIDR (use "none" to allow nothing)`)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -212,4 +213,24 @@ func TestGetDeleteTimeout(t *testing.T) {
 		wantError(t, e.do("POST", "/v1/sandboxes/"+runningID+"/timeout", strings.NewReader(body)), 400, codeInvalid)
 	}
 	wantError(t, e.do("POST", "/v1/sandboxes/nosuch/timeout", strings.NewReader(`{"timeout_seconds":1}`)), 404, codeNotFound)
+}
+
+// brokenReader fails every read, like a client that broke off mid-body.
+type brokenReader struct{}
+
+func (brokenReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+// TestBrokenBody: a body the client broke off is its fault, a 400, not a
+// daemon error (E2B's control plane answers the same; see internal/e2b).
+func TestBrokenBody(t *testing.T) {
+	e := newTestEnv(t, Config{CreateRate: rate.Inf})
+	for _, path := range []string{"/v1/sandboxes", "/v1/sandboxes/" + runningID + "/exec", "/v1/sandboxes/" + runningID + "/actions"} {
+		w := e.do("POST", path, brokenReader{})
+		if got := wantError(t, w, http.StatusBadRequest, codeInvalid); got.Message != "could not read the request body" {
+			t.Errorf("POST %s: message %q", path, got.Message)
+		}
+	}
+	if e.mgr.lastCreate.Template != "" || e.mgr.lastWait {
+		t.Errorf("a broken create reached the manager: %+v", e.mgr.lastCreate)
+	}
 }

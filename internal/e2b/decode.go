@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"net/netip"
@@ -19,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
 // Bounds of what this API accepts. The env and metadata bounds are
@@ -426,63 +426,20 @@ func decodeCursor(tok string) (cursor, error) {
 	return cursor{created: t, id: id}, nil
 }
 
-// readBody reads a request body of at most limit bytes.
+// readBody reads a request body of at most limit bytes (see
+// strictjson.ReadBody; classify answers its errors).
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	if r.Body == nil {
-		return nil, nil
-	}
-	if r.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
-	}
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var mbe *http.MaxBytesError
-	switch {
-	case errors.As(err, &mbe):
-		return nil, fmt.Errorf("read request body: %w", err)
-	case err != nil:
-		// The client broke off or sent a broken chunked body: its fault,
-		// not ours, so a 400 rather than a logged 500.
-		return nil, badRequestf("could not read the request body")
-	}
-	return b, nil
+	return strictjson.ReadBody(w, r, limit)
 }
 
-// decodeJSON decodes exactly one JSON value into v. Unknown fields are
-// accepted: E2B's SDKs send fields newer than this package. An empty body
-// is an error unless optional.
+// decodeJSON decodes exactly one JSON value into v (see strictjson.Decode),
+// except that unknown fields are accepted: E2B's SDKs send fields newer
+// than this package. An empty body is an error unless optional.
 func decodeJSON(data []byte, v any, optional bool) error {
-	if len(bytes.TrimSpace(data)) == 0 {
-		if optional {
-			return nil
-		}
-		return badRequestf("invalid JSON body: empty body")
+	err := strictjson.DecodeWith(data, v, strictjson.Options{AllowUnknownFields: true, AllowEmpty: optional})
+	var je *strictjson.Error
+	if errors.As(err, &je) {
+		return badRequestf("invalid JSON body: %s", je.Error())
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(v); err != nil {
-		return badRequestf("invalid JSON body: %s", jsonMessage(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return badRequestf("invalid JSON body: unexpected data after the JSON value")
-	}
-	return nil
-}
-
-// jsonMessage turns an encoding/json error into words for users, without
-// Go type names.
-func jsonMessage(err error) string {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		if te.Field != "" {
-			return fmt.Sprintf("field %q has the wrong type (%s)", te.Field, te.Value)
-		}
-		return fmt.Sprintf("wrong type (%s), expected an object", te.Value)
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return fmt.Sprintf("malformed JSON at byte %d", se.Offset)
-	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return "unexpected end of JSON"
-	}
-	return "malformed JSON"
+	return err
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
 // errorBody is E2B's Error schema, the body of every error answer.
@@ -72,6 +73,11 @@ func classify(err error) (int, string) {
 	var se *statusError
 	if errors.As(err, &se) {
 		return se.status, se.msg
+	}
+	var je *strictjson.Error
+	if errors.As(err, &je) {
+		// A body that could not be read or decoded (readBody).
+		return http.StatusBadRequest, je.Error()
 	}
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {

@@ -10,7 +10,8 @@ import (
 )
 
 // TestDependencies keeps the desktop lean: it builds without cgo and
-// imports nothing of the project but internal/action and proto/desktop.
+// imports nothing of the project but internal/action (with the strict JSON
+// decoding it uses, internal/strictjson) and proto/desktop.
 func TestDependencies(t *testing.T) {
 	needs.Command(t, "go")
 	gobin, err := exec.LookPath("go")
@@ -26,6 +27,7 @@ func TestDependencies(t *testing.T) {
 	const self = "github.com/cubicle-dev/cubicle/"
 	allowed := map[string]bool{
 		self + "internal/action":              true,
+		self + "internal/strictjson":          true,
 		self + "internal/agent/desktop":       true,
 		self + "proto/desktop":                true,
 		self + "proto/desktop/desktopconnect": true,
