@@ -13,7 +13,7 @@ CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench lint clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench lint proto clean
 
 all: build
 
@@ -86,6 +86,13 @@ lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	shellcheck deploy/*.sh scripts/*.sh .ci/run
+
+# proto regenerates the committed agent-protocol code in proto/ with
+# Debian's protoc and the Go plugins at the versions go.mod pins.
+proto: deps
+	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	GOBIN=$(CURDIR)/$(BIN)/tools $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@v1.21.1
+	PATH="$(CURDIR)/$(BIN)/tools:$$PATH" $(GO) generate ./proto
 
 clean:
 	rm -rf $(BIN)

@@ -26,6 +26,7 @@ packages=(
   xvfb xdotool x11-utils openbox   # the agent's X11 integration tests
   chromium                         # the live-view browser test (chromedp drives it headless)
   shellcheck                       # make lint
+  protobuf-compiler libprotobuf-dev  # make proto: protoc and its well-known types regenerate proto/
   xdg-utils                        # xdg-open: `cubicle view --open`
   ca-certificates curl git make
 )

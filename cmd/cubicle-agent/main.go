@@ -49,7 +49,8 @@ func main() {
 	}
 	listen := flag.String("listen", "/run/cubicle/agent.sock", "unix socket to serve on")
 	listenTCP := flag.String("listen-tcp", "", "also serve on this TCP address (e.g. :49983)")
-	sessionPath := flag.String("session", session.DefaultPath, "desktop session config; empty or missing file means no desktop")
+	sessionPath := flag.String("session", session.DefaultPath, "desktop session config; empty means no desktop")
+	detect := flag.Bool("detect", true, "when the session config is missing, run the desktop the image has (X server, window manager, browser, x11vnc), or none")
 	insecure := flag.Bool("insecure", false, "allow running without "+agent.TokenEnv+" (tests only)")
 	defaultUser := flag.String("default-user", "root", "user for requests that name none")
 	showVersion := flag.Bool("version", false, "print the version and exit")
@@ -60,22 +61,40 @@ func main() {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	slog.SetDefault(log)
-	if err := run(log, *listen, *listenTCP, *sessionPath, *defaultUser, *insecure, nil); err != nil {
+	if err := run(log, *listen, *listenTCP, *sessionPath, *detect, *defaultUser, *insecure, nil); err != nil {
 		log.Error("cubicle-agent", "err", err)
 		os.Exit(1)
 	}
 }
 
 // run serves the agent on a unix socket at listen (unless ""), on
-// listenTCP (unless "") and on extra, until SIGTERM or SIGINT.
-func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, insecure bool, extra []net.Listener) error {
+// listenTCP (unless "") and on extra, until SIGTERM or SIGINT. Without a
+// session config at sessionPath, detect makes the session from what the
+// image has.
+func run(log *slog.Logger, listen, listenTCP, sessionPath string, detect bool, defaultUser string, insecure bool, extra []net.Listener) error {
 	token := agent.TokenFromEnv() // before anything can inherit the environment
 	env := os.Environ()
 
 	var cfg *session.Config
+	headless := false
 	if sessionPath != "" {
 		c, err := session.Load(sessionPath)
 		switch {
+		case errors.Is(err, fs.ErrNotExist) && detect:
+			// An image that knows nothing of cubicle: run the desktop
+			// it has, or none.
+			found, derr := session.Detect("/")
+			if derr != nil {
+				log.Warn("desktop detection", "err", derr)
+			}
+			if c, ok := found.SessionConfig(); ok {
+				log.Info("desktop session from what the image has", "x_server", found.XServer,
+					"session", found.Session, "browser", found.Browser, "vnc", found.VNC, "user", found.User)
+				cfg = &c
+			} else {
+				log.Info("headless sandbox: the image has no X server")
+				headless = true
+			}
 		case errors.Is(err, fs.ErrNotExist):
 			log.Info("no desktop session", "config", sessionPath)
 		case err != nil:
@@ -95,6 +114,9 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, i
 	}
 	defer reaper.Stop()
 	desk := desktop.NewService(version, display)
+	if headless {
+		desk.SetHeadless()
+	}
 	srv, err := agent.New(agent.Options{
 		Token: token, Insecure: insecure, Version: version, Reaper: reaper,
 		Env: env, Display: display, DefaultUser: defaultUser, Desktop: desk, Logger: log,
@@ -168,13 +190,18 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath, defaultUser string, i
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// Every step runs whatever the others did; what went wrong is
+	// returned, so the exit status and the log say so.
+	var errs []error
 	if sup != nil {
-		_ = sup.Stop(ctx)
+		errs = append(errs, sup.Stop(ctx))
 	}
 	srv.Process.Signal(syscall.SIGTERM)
 	if typeSrv != nil {
-		_ = typeSrv.Shutdown(ctx)
+		if serr := typeSrv.Shutdown(ctx); serr != nil {
+			errs = append(errs, fmt.Errorf("shut down xdotool type wrapper: %w", serr))
+		}
 	}
-	_ = srv.Shutdown(ctx)
-	return err
+	errs = append(errs, srv.Shutdown(ctx))
+	return errors.Join(append([]error{err}, errs...)...)
 }

@@ -39,7 +39,7 @@ func runVM() {
 	} else {
 		log.Debug("no vsock listener", "err", err)
 	}
-	if err := run(log, "", "", session.DefaultPath, "root", false, lns); err != nil {
+	if err := run(log, "", "", session.DefaultPath, true, "root", false, lns); err != nil {
 		log.Error("cubicle-agent", "err", err)
 	}
 	log.Info("powering off")

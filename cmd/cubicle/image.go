@@ -7,6 +7,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,7 +22,7 @@ import (
 // tests substitute a fake, since the real one needs root.
 type imageOps interface {
 	Build(ctx context.Context, name string, recipe fs.FS, imageDir, cacheDir string, progress io.Writer) (image.Image, error)
-	Import(ctx context.Context, name string, r io.Reader, imageDir string) (image.Image, error)
+	Import(ctx context.Context, name string, r io.Reader, imageDir string, opts image.ImportOptions) (image.Image, error)
 	List(imageDir string) ([]image.Image, error)
 	Remove(imageDir, name string) error
 	// NeedRoot reports an error when this process may not change images.
@@ -34,8 +36,8 @@ func (localImages) Build(ctx context.Context, name string, recipe fs.FS, imageDi
 	return image.Build(ctx, name, recipe, imageDir, cacheDir, progress)
 }
 
-func (localImages) Import(ctx context.Context, name string, r io.Reader, imageDir string) (image.Image, error) {
-	return image.Import(ctx, name, r, imageDir)
+func (localImages) Import(ctx context.Context, name string, r io.Reader, imageDir string, opts image.ImportOptions) (image.Image, error) {
+	return image.Import(ctx, name, r, imageDir, opts)
 }
 
 func (localImages) List(imageDir string) ([]image.Image, error) { return image.List(imageDir) }
@@ -103,16 +105,29 @@ to the daemon; build, import and rm need root.`,
 	build.Flags().StringVar(&recipeDir, "recipe", "", "build from this recipe directory instead of a built-in one")
 	build.Flags().StringVar(&cacheDir, "cache-dir", image.DefaultCacheDir, "package download cache")
 
+	var kernelFrom string
 	imp := &cobra.Command{
-		Use:   "import NAME FILE",
-		Short: "Import an image from a `docker export` tarball (FILE or - for stdin)",
-		Args:  exactArgs("NAME", "FILE"),
+		Use:   "import NAME [FILE|-]",
+		Short: "Import an image from a `docker export` tarball (FILE, or standard input)",
+		Long: `Import a root filesystem tarball, such as the output of
+` + "`docker export $(docker create my-image) | cubicle image import my-image`" + `,
+as the image NAME. The tarball is read from FILE, or from standard input when
+FILE is "-" or missing. The image needs nothing of cubicle: sandboxes run the
+desktop it has (Xvfb or Xvnc, a session such as XFCE or openbox, Chromium or
+Firefox, x11vnc), and one without an X server is headless (commands and files
+only). VM backends boot it with the kernel of the image --kernel names.`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usagef("import takes NAME and an optional FILE (- or none: standard input), got %d argument(s)", len(args))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := a.images.NeedRoot(); err != nil {
 				return err
 			}
 			var r io.Reader = a.in
-			if args[1] != "-" {
+			if len(args) == 2 && args[1] != "-" {
 				f, err := os.Open(args[1])
 				if err != nil {
 					return err
@@ -120,17 +135,18 @@ to the daemon; build, import and rm need root.`,
 				defer f.Close()
 				r = f
 			}
-			img, err := a.images.Import(cmd.Context(), args[0], r, imageDir)
+			img, err := a.images.Import(cmd.Context(), args[0], r, imageDir, image.ImportOptions{KernelFrom: kernelFrom})
 			if err != nil {
 				return err
 			}
 			if a.jsonOut {
 				return writeJSONValue(a.out, img)
 			}
-			fmt.Fprintf(a.out, "%s imported (%s)\n", img.Name, humanBytes(img.SizeBytes))
+			fmt.Fprintf(a.out, "%s imported (%s): %s\n", img.Name, humanBytes(img.SizeBytes), describeImage(img))
 			return nil
 		},
 	}
+	imp.Flags().StringVar(&kernelFrom, "kernel", "", "boot it on VM backends with the kernel of this installed image (default: "+image.DefaultKernelFrom+", when installed)")
 
 	ls := &cobra.Command{
 		Use:     "ls",
@@ -176,6 +192,37 @@ to the daemon; build, import and rm need root.`,
 	}
 	cmd.AddCommand(build, imp, ls, rm)
 	return cmd
+}
+
+// describeImage says in a line what sandboxes of img will have.
+func describeImage(img image.Image) string {
+	var parts []string
+	switch d := img.Desktop; {
+	case d == nil:
+	case d.Config:
+		parts = append(parts, "desktop from its own session config")
+	case !d.Desktop():
+		parts = append(parts, "headless (no X server): commands and files only")
+	default:
+		desk := "desktop: " + path.Base(d.XServer)
+		for _, p := range []string{d.Session, d.Browser, d.VNC} {
+			if p != "" {
+				desk += ", " + path.Base(p)
+			}
+		}
+		if d.VNC == "" && path.Base(d.XServer) == "Xvfb" {
+			desk += " (no x11vnc: no live view)"
+		}
+		parts = append(parts, desk)
+	}
+	if img.KernelFrom != "" {
+		parts = append(parts, "VM kernel from "+img.KernelFrom)
+	} else if img.Source == "import" {
+		if _, err := image.LookupVM(img.Dir); err != nil {
+			parts = append(parts, "no VM kernel: container backends only (build desktop first, or --kernel)")
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 func writeJSONValue(w io.Writer, v any) error {

@@ -364,10 +364,14 @@ func (f *fakeImages) Build(ctx context.Context, name string, recipe fs.FS, image
 	return image.Image{Name: name, SizeBytes: 3 << 20}, nil
 }
 
-func (f *fakeImages) Import(ctx context.Context, name string, r io.Reader, imageDir string) (image.Image, error) {
+func (f *fakeImages) Import(ctx context.Context, name string, r io.Reader, imageDir string, opts image.ImportOptions) (image.Image, error) {
 	b, _ := io.ReadAll(r)
-	f.calls = append(f.calls, "import "+name+" "+string(b))
-	return image.Image{Name: name, SizeBytes: int64(len(b))}, nil
+	call := "import " + name + " " + string(b)
+	if opts.KernelFrom != "" {
+		call += " kernel=" + opts.KernelFrom
+	}
+	f.calls = append(f.calls, call)
+	return image.Image{Name: name, SizeBytes: int64(len(b)), KernelFrom: opts.KernelFrom}, nil
 }
 
 func (f *fakeImages) List(imageDir string) ([]image.Image, error) {
@@ -395,6 +399,11 @@ func TestImageCommands(t *testing.T) {
 		{[]string{"image", "build", "desktop"}, "", "build desktop /srv/images /var/cache/cubicle", "desktop built", 0},
 		{[]string{"image", "build", "nosuch"}, "", "", "", 2},
 		{[]string{"image", "import", "mine", "-", "--image-dir", "/x"}, "tarball", "import mine tarball", "mine imported (7 B)", 0},
+		// README's line: docker export $(docker create my-image) | cubicle image import my-image
+		{[]string{"image", "import", "mine"}, "tarball", "import mine tarball", "mine imported (7 B)", 0},
+		{[]string{"image", "import", "mine", "--kernel", "desktop2"}, "tar", "import mine tar kernel=desktop2", "VM kernel from desktop2", 0},
+		{[]string{"image", "import"}, "", "", "", 2},
+		{[]string{"image", "import", "a", "b", "c"}, "", "", "", 2},
 		{[]string{"image", "ls"}, "", "list /srv/images", "desktop  recipe  1.0 GiB  2h", 0},
 		{[]string{"image", "rm", "desktop"}, "", "rm desktop", "desktop", 0},
 	}

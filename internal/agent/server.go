@@ -269,8 +269,8 @@ func (s *Server) Serve(ln net.Listener) error {
 }
 
 // Shutdown stops every Serve call: listeners close at once, requests in
-// flight (including process streams) get until ctx ends. Processes keep
-// running.
+// flight (including process streams) get until ctx ends, and are then cut
+// (the error says so). Processes keep running.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	servers := s.servers
@@ -278,7 +278,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	var errs []error
 	for _, srv := range servers {
 		if err := srv.Shutdown(ctx); err != nil {
-			errs = append(errs, srv.Close())
+			// Requests still running at the deadline are cut; the
+			// caller learns that they were.
+			errs = append(errs, fmt.Errorf("shut down agent server: %w", err), srv.Close())
 		}
 	}
 	return errors.Join(errs...)

@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -243,4 +245,46 @@ func TestConnectTimeoutZero(t *testing.T) {
 	if st.Err() != nil || end.GetExitCode() != 0 || !end.GetExited() {
 		t.Errorf("end %v err %v, want a clean exit", end, st.Err())
 	}
+}
+
+// TestShutdownReportsCutRequests checks that a shutdown whose deadline cuts
+// a request in flight (a process stream that does not end) says so, rather
+// than reporting a clean stop.
+func TestShutdownReportsCutRequests(t *testing.T) {
+	r, err := reap.Start(reap.Own, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Stop()
+	srv, err := New(Options{Token: "t", Version: "1", Reaper: r, Desktop: desktop.NewService("1", ":0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := ListenUnix(filepath.Join(t.TempDir(), "agent.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	c := client(ln.Addr().String(), "t")
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := c.Process.Start(ctx, connect.NewRequest(&ppb.StartRequest{Process: &ppb.ProcessConfig{Cmd: "/bin/sh", Args: []string{"-c", "sleep 30"}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() { // the start event: the request is in flight
+		t.Fatalf("no start event: %v", stream.Err())
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer scancel()
+	err = srv.Shutdown(sctx)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Shutdown with a request still running = %v, want an error wrapping context.DeadlineExceeded", err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve = %v after Shutdown", err)
+	}
+	srv.Process.Signal(syscall.SIGKILL)
 }

@@ -1,8 +1,8 @@
 package api
 
 import (
+	"context"
 	"encoding/base64"
-	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -11,6 +11,8 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cubicle-dev/cubicle/internal/action"
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/proto/desktop"
 )
 
@@ -44,11 +46,31 @@ const PassiveHeader = "X-Cubicle-Passive"
 // screenshotAgent is the agent for a screenshot; passive ones do not count
 // as activity.
 func (s *server) screenshotAgent(r *http.Request, id string) (*agentclient.Client, error) {
+	var ac *agentclient.Client
+	var err error
 	if r.Header.Get(PassiveHeader) == "1" {
-		ac, _, err := s.mgr.Watch(r.Context(), id)
-		return ac, err
+		ac, _, err = s.mgr.Watch(r.Context(), id)
+	} else {
+		ac, err = s.mgr.Agent(r.Context(), id)
 	}
-	return s.mgr.Agent(r.Context(), id)
+	if err != nil {
+		return nil, err
+	}
+	return ac, s.requireDesktop(r.Context(), id)
+}
+
+// requireDesktop answers ErrNoDesktop for a headless sandbox, whose image
+// has no X server: desktop calls could only fail, or wait for a display
+// that never comes.
+func (s *server) requireDesktop(ctx context.Context, id string) error {
+	sb, err := s.mgr.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !sb.Desktop {
+		return errdefs.New(errdefs.ErrNoDesktop, "sandbox %s has no desktop: its image has no X server (Xvfb or Xvnc), so screenshots, input and the live view cannot work; commands and files do", id)
+	}
+	return nil
 }
 
 func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
@@ -125,6 +147,9 @@ func (s *server) actions(w http.ResponseWriter, r *http.Request) {
 		req.Actions[i] = action.ToProto(a)
 	}
 	ac, err := s.mgr.Agent(r.Context(), id)
+	if err == nil {
+		err = s.requireDesktop(r.Context(), id)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

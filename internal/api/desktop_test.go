@@ -211,3 +211,46 @@ func TestActions(t *testing.T) {
 		t.Errorf("display gone: %s", w.Body.String())
 	}
 }
+
+// TestHeadlessSandbox checks that the desktop calls of a sandbox without a
+// desktop answer 409 no_desktop, and that its commands and files still work.
+func TestHeadlessSandbox(t *testing.T) {
+	e := newTestEnv(t, Config{})
+	base := "/v1/sandboxes/" + headlessID
+	for _, c := range []struct {
+		method, path, body string
+		header             string
+	}{
+		{"GET", "/screenshot", "", ""},
+		{"GET", "/screenshot", "", PassiveHeader},
+		{"POST", "/actions", `{"type":"screen_size"}`, ""},
+		{"POST", "/actions", `{"actions":[{"type":"click","x":1,"y":1}]}`, ""},
+	} {
+		t.Run(c.method+c.path+c.header, func(t *testing.T) {
+			var hdr []string
+			if c.header != "" {
+				hdr = []string{c.header, "1"}
+			}
+			w := e.do(c.method, base+c.path, strings.NewReader(c.body), hdr...)
+			wantError(t, w, http.StatusConflict, codeNoDesktop)
+			if !strings.Contains(w.Body.String(), "no X server") {
+				t.Errorf("message does not say why: %s", w.Body.String())
+			}
+		})
+	}
+	// The live view: no link, no WebSocket.
+	ve := newViewEnv(t, Config{})
+	wantError(t, ve.do("POST", base+"/view", strings.NewReader(`{}`)), http.StatusConflict, codeNoDesktop)
+	ws := []string{"Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}
+	wantError(t, ve.do("GET", base+"/vnc", nil, ws...), http.StatusConflict, codeNoDesktop)
+
+	if w := e.do("GET", base+"/files/list?path=/", nil); w.Code != http.StatusOK {
+		t.Errorf("files/list of a headless sandbox = %d %s, want 200", w.Code, w.Body)
+	}
+	if w := e.do("GET", base, nil); w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"desktop":false`) {
+		t.Errorf("GET sandbox = %d %s, want 200 with \"desktop\":false", w.Code, w.Body)
+	}
+	if w := e.do("GET", "/v1/sandboxes/"+runningID, nil); !strings.Contains(w.Body.String(), `"desktop":true`) {
+		t.Errorf("GET of a desktop sandbox = %s, want \"desktop\":true", w.Body)
+	}
+}

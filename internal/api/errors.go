@@ -27,6 +27,7 @@ const (
 	codeNotFound         = "not_found"
 	codeInvalid          = "invalid_argument"
 	codeConflict         = "conflict"
+	codeNoDesktop        = "no_desktop"
 	codePayloadTooLarge  = "payload_too_large"
 	codeCapacity         = "capacity_exhausted"
 	codeRateLimited      = "rate_limited"
@@ -92,6 +93,7 @@ var kinds = []struct {
 }{
 	{errdefs.ErrNotFound, http.StatusNotFound, codeNotFound, "not found"},
 	{errdefs.ErrInvalid, http.StatusBadRequest, codeInvalid, "invalid argument"},
+	{errdefs.ErrNoDesktop, http.StatusConflict, codeNoDesktop, "this sandbox has no desktop"},
 	{errdefs.ErrConflict, http.StatusConflict, codeConflict, "conflict"},
 	{errdefs.ErrUnavailable, http.StatusServiceUnavailable, codeUnavailable, "temporarily unavailable"},
 	{errdefs.ErrQuota, http.StatusTooManyRequests, codeCapacity, "this API key has no room for another sandbox"},

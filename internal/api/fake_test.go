@@ -35,6 +35,7 @@ const (
 	testKey    = "test-key-0123456789"
 	runningID  = "sbrunning"
 	stoppedID  = "sbstopped"
+	headlessID = "sbheadless" // running, without a desktop
 	agentToken = "agent-token"
 )
 
@@ -58,12 +59,15 @@ func newFakeManager() *fakeManager {
 	mk := func(id string, st sandbox.State) sandbox.Sandbox {
 		return sandbox.Sandbox{ID: id, State: st, Template: "desktop", Backend: "runc", Isolation: "namespace",
 			Resolution: sandbox.Resolution{Width: 1024, Height: 768}, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-			LastActiveAt: now, Metadata: map[string]string{}}
+			LastActiveAt: now, Metadata: map[string]string{}, Desktop: true}
 	}
+	headless := mk(headlessID, sandbox.StateRunning)
+	headless.Desktop = false
 	return &fakeManager{sandboxes: map[string]sandbox.Sandbox{
-		runningID: mk(runningID, sandbox.StateRunning),
-		stoppedID: mk(stoppedID, sandbox.StateStopped),
-	}, ending: map[string]chan struct{}{runningID: make(chan struct{})}}
+		runningID:  mk(runningID, sandbox.StateRunning),
+		stoppedID:  mk(stoppedID, sandbox.StateStopped),
+		headlessID: headless,
+	}, ending: map[string]chan struct{}{runningID: make(chan struct{}), headlessID: make(chan struct{})}}
 }
 
 func (m *fakeManager) Create(_ context.Context, req sandbox.CreateRequest, wait bool) (sandbox.Sandbox, error) {
@@ -73,7 +77,7 @@ func (m *fakeManager) Create(_ context.Context, req sandbox.CreateRequest, wait 
 	if m.err != nil {
 		return sandbox.Sandbox{}, m.err
 	}
-	sb := sandbox.Sandbox{ID: "sbnew", State: sandbox.StateRunning, Template: req.Template, Metadata: req.Metadata}
+	sb := sandbox.Sandbox{ID: "sbnew", State: sandbox.StateRunning, Template: req.Template, Metadata: req.Metadata, Desktop: true}
 	if !wait {
 		sb.State = sandbox.StateStarting
 	}

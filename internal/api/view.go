@@ -117,6 +117,10 @@ func (s *server) createView(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, errdefs.Conflict("sandbox %s is %s, not running", id, sb.State))
 		return
 	}
+	if err := s.requireDesktop(r.Context(), id); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	// Rounded up to the second: a link is never shorter than asked for.
 	exp := time.Now().Add(ttl + time.Second - 1).Truncate(time.Second)
 	tok, err := s.cfg.ViewTokens.Issue(viewtoken.Claims{Sandbox: id, Created: sb.CreatedAt, ViewOnly: viewOnly, Expires: exp})
@@ -305,6 +309,9 @@ func (s *server) vnc(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	agent, ending, err := s.mgr.Watch(r.Context(), id)
+	if err == nil {
+		err = s.requireDesktop(r.Context(), id)
+	}
 	if err != nil {
 		s.writeError(w, r, err)
 		return

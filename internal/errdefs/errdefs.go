@@ -19,7 +19,10 @@ var (
 	ErrCapacity    = errors.New("capacity exhausted")
 	// ErrQuota is ErrCapacity of one caller (an API key at its limit),
 	// not of the daemon: the caller, not the daemon, must back off.
-	ErrQuota           = fmt.Errorf("%w for this API key", ErrCapacity)
+	ErrQuota = fmt.Errorf("%w for this API key", ErrCapacity)
+	// ErrNoDesktop is ErrConflict of a desktop call (screenshot, input,
+	// live view) to a headless sandbox: its image has no X server.
+	ErrNoDesktop       = fmt.Errorf("%w: no desktop", ErrConflict)
 	ErrRateLimited     = errors.New("rate limited")
 	ErrTimeout         = errors.New("timeout")
 	ErrNotSupported    = errors.New("not supported")

@@ -33,6 +33,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/agent/session"
 )
 
 // DefaultDir is where images live unless configured otherwise.
@@ -53,14 +55,21 @@ var ErrInvalidName = errors.New("invalid image name")
 
 // Image describes one installed image.
 type Image struct {
-	Name       string    `json:"name"`
-	Source     string    `json:"source"`                // "recipe" or "import"
-	RecipeHash string    `json:"recipe_hash,omitempty"` // for Source "recipe"
+	Name       string `json:"name"`
+	Source     string `json:"source"`                // "recipe" or "import"
+	RecipeHash string `json:"recipe_hash,omitempty"` // for Source "recipe"
+	// KernelFrom names the image whose guest kernel an import was given
+	// for VM backends ("" when it brought its own, or has none).
+	KernelFrom string    `json:"kernel_from,omitempty"`
 	CreatedAt  time.Time `json:"created_at"`
 	SizeBytes  int64     `json:"size_bytes"` // apparent size of the rootfs
-	Cached     bool      `json:"-"`          // Build found it up to date
-	Dir        string    `json:"-"`          // IMAGEDIR/NAME
-	RootFS     string    `json:"-"`          // IMAGEDIR/NAME/rootfs
+	// Desktop is what the image has for a desktop session, as the agent in
+	// its sandboxes will find it (see session.Detect): without an X server
+	// its sandboxes are headless.
+	Desktop *session.Found `json:"desktop,omitempty"`
+	Cached  bool           `json:"-"` // Build found it up to date
+	Dir     string         `json:"-"` // IMAGEDIR/NAME
+	RootFS  string         `json:"-"` // IMAGEDIR/NAME/rootfs
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
@@ -261,6 +270,10 @@ func install(imageDir, ver string, img Image) (Image, error) {
 		return Image{}, err
 	}
 	img.SizeBytes = size
+	// Best effort: what could not be looked at (a link loop in /usr/bin)
+	// is left out, as the agent will leave it out.
+	found, _ := session.Detect(filepath.Join(ver, "rootfs"))
+	img.Desktop = &found
 	data, err := json.MarshalIndent(img, "", "  ")
 	if err != nil {
 		return Image{}, err

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"testing/fstest"
 
+	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/images"
@@ -193,7 +195,7 @@ func TestImport(t *testing.T) {
 		{name: "/etc/hosts", typ: tar.TypeReg, body: "hosts"},
 		{name: "dev/null", typ: tar.TypeChar},
 	})
-	img, err := Import(context.Background(), "imp", tarball, dir)
+	img, err := Import(context.Background(), "imp", tarball, dir, ImportOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +248,7 @@ func TestImportHostile(t *testing.T) {
 			for i := range ents {
 				ents[i].link = strings.ReplaceAll(ents[i].link, "OUTSIDE", outside)
 			}
-			_, err := Import(context.Background(), "bad", makeTar(t, ents), dir)
+			_, err := Import(context.Background(), "bad", makeTar(t, ents), dir, ImportOptions{})
 			if _, serr := os.Stat(filepath.Join(outside, "evil")); serr == nil {
 				t.Fatalf("import wrote outside its root (err %v)", err)
 			}
@@ -287,11 +289,11 @@ func assertNoWork(t *testing.T, dir string) {
 func TestImportFailureLeavesOldImage(t *testing.T) {
 	dir := t.TempDir()
 	good := makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "1"}})
-	if _, err := Import(context.Background(), "x", good, dir); err != nil {
+	if _, err := Import(context.Background(), "x", good, dir, ImportOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	bad := makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "2"}, {name: "../e", typ: tar.TypeReg}})
-	if _, err := Import(context.Background(), "x", bad, dir); err == nil {
+	if _, err := Import(context.Background(), "x", bad, dir, ImportOptions{}); err == nil {
 		t.Fatal("hostile import succeeded")
 	}
 	img, err := Lookup(dir, "x")
@@ -302,7 +304,7 @@ func TestImportFailureLeavesOldImage(t *testing.T) {
 		t.Errorf("old image changed: v = %q", b)
 	}
 	// A good re-import replaces it atomically and leaves no old copy.
-	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "3"}}), dir); err != nil {
+	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "3"}}), dir, ImportOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	img2, err := Lookup(dir, "x")
@@ -335,7 +337,7 @@ func TestImportCancelled(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Import(ctx, "c", makeTar(t, ents), dir); !errors.Is(err, context.Canceled) {
+	if _, err := Import(ctx, "c", makeTar(t, ents), dir, ImportOptions{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Import = %v, want context.Canceled", err)
 	}
 	assertNoWork(t, dir)
@@ -344,7 +346,7 @@ func TestImportCancelled(t *testing.T) {
 func TestReplaceKeepsMountedVersion(t *testing.T) {
 	needs.Root(t)
 	dir := t.TempDir()
-	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "1"}}), dir); err != nil {
+	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "1"}}), dir, ImportOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	old, err := Lookup(dir, "x")
@@ -362,7 +364,7 @@ func TestReplaceKeepsMountedVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Unmount(merged, unix.MNT_DETACH)
-	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "2"}}), dir); err != nil {
+	if _, err := Import(context.Background(), "x", makeTar(t, []entry{{name: "v", typ: tar.TypeReg, body: "2"}}), dir, ImportOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(merged, "v")); string(b) != "1" {
@@ -381,4 +383,117 @@ func TestReplaceKeepsMountedVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertNoWork(t, dir)
+}
+
+// fakeKernelImage installs an image called name that has only a VM kernel
+// (the files LookupVM needs), as a recipe build would leave them.
+func fakeKernelImage(t *testing.T, dir, name string) {
+	t.Helper()
+	ver := filepath.Join(dir, storeDir, name+"@1")
+	for p, body := range map[string]string{
+		"image.json":            `{"name":"` + name + `","source":"recipe"}`,
+		"rootfs/etc/os-release": "ID=debian\n",
+		"kernel/vmlinuz":        "bzImage",
+		"kernel/release":        "6.1.0-test\n",
+		"kernel/modules/order":  "",
+	} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(ver, p)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(ver, p), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Join(storeDir, name+"@1"), filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestImportDesktopAndKernel checks what an import of an image that knows
+// nothing of cubicle records in image.json (what it has for a desktop, where
+// its VM kernel came from), and that a kernel image named explicitly must
+// exist.
+func TestImportDesktopAndKernel(t *testing.T) {
+	needs.Command(t, "mkfs.ext4")
+	desktopTar := func() *bytes.Buffer {
+		return makeTar(t, []entry{
+			{name: "usr/bin/Xvfb", typ: tar.TypeReg, body: "elf", mode: 0o755},
+			{name: "usr/bin/startxfce4", typ: tar.TypeReg, body: "sh", mode: 0o755},
+			{name: "usr/bin/chromium", typ: tar.TypeReg, body: "sh", mode: 0o755},
+			{name: "etc/passwd", typ: tar.TypeReg, body: "root:x:0:0::/root:/bin/sh\n", mode: 0o644},
+		})
+	}
+	headlessTar := func() *bytes.Buffer {
+		return makeTar(t, []entry{{name: "bin/sh", typ: tar.TypeReg, body: "elf", mode: 0o755}})
+	}
+	readMeta := func(t *testing.T, img Image) map[string]any {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(img.Dir, metaFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+
+	t.Run("no kernel image: container backends only", func(t *testing.T) {
+		dir := t.TempDir()
+		img, err := Import(context.Background(), "mine", desktopTar(), dir, ImportOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]any{"session_config": false, "x_server": "/usr/bin/Xvfb", "session": "/usr/bin/startxfce4",
+			"browser": "/usr/bin/chromium", "user": "root"}
+		if diff := cmp.Diff(want, readMeta(t, img)["desktop"]); diff != "" {
+			t.Errorf("image.json desktop (-want +got):\n%s", diff)
+		}
+		if img.KernelFrom != "" {
+			t.Errorf("KernelFrom = %q with no kernel image installed", img.KernelFrom)
+		}
+		if _, err := LookupVM(img.RootFS); !errors.Is(err, ErrNoVM) {
+			t.Errorf("LookupVM = %v, want ErrNoVM", err)
+		}
+	})
+	t.Run("the desktop image's kernel by default", func(t *testing.T) {
+		dir := t.TempDir()
+		fakeKernelImage(t, dir, DefaultKernelFrom)
+		img, err := Import(context.Background(), "headless", headlessTar(), dir, ImportOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if img.KernelFrom != DefaultKernelFrom || readMeta(t, img)["kernel_from"] != DefaultKernelFrom {
+			t.Errorf("KernelFrom = %q, image.json %v; want %q", img.KernelFrom, readMeta(t, img)["kernel_from"], DefaultKernelFrom)
+		}
+		vm, err := LookupVM(img.RootFS)
+		if err != nil || vm.Release != "6.1.0-test" {
+			t.Errorf("LookupVM = %+v, %v; want the kernel 6.1.0-test", vm, err)
+		}
+		if d := readMeta(t, img)["desktop"].(map[string]any); d["x_server"] != nil {
+			t.Errorf("headless image recorded an X server: %v", d)
+		}
+	})
+	t.Run("--kernel names another image", func(t *testing.T) {
+		dir := t.TempDir()
+		fakeKernelImage(t, dir, "kern")
+		img, err := Import(context.Background(), "mine", headlessTar(), dir, ImportOptions{KernelFrom: "kern"})
+		if err != nil || img.KernelFrom != "kern" {
+			t.Fatalf("Import = %+v, %v; want KernelFrom kern", img, err)
+		}
+	})
+	t.Run("--kernel of a missing image fails and leaves nothing", func(t *testing.T) {
+		dir := t.TempDir()
+		_, err := Import(context.Background(), "mine", headlessTar(), dir, ImportOptions{KernelFrom: "nosuch"})
+		if !errors.Is(err, ErrNotFound) || !strings.Contains(err.Error(), "--kernel nosuch") {
+			t.Errorf("Import = %v, want ErrNotFound naming --kernel nosuch", err)
+		}
+		if imgs, _ := List(dir); len(imgs) != 0 {
+			t.Errorf("images left: %+v", imgs)
+		}
+		if vers, _ := filepath.Glob(filepath.Join(dir, storeDir, "mine@*")); len(vers) != 0 {
+			t.Errorf("versions left: %v", vers)
+		}
+	})
 }

@@ -29,8 +29,10 @@ import (
 // inside the sandbox. Device nodes and FIFOs are skipped (sandboxes get their
 // own /dev); owners, modes (setuid included), mtimes and security.capability
 // xattrs are kept. Import also makes the image's VM form: an ext4 disk of
-// the rootfs and a kernel (see ImportKernelFrom). On error nothing of the new image is left.
-func Import(ctx context.Context, name string, r io.Reader, imageDir string) (Image, error) {
+// the rootfs and a kernel (see ImportOptions.KernelFrom), and records in
+// image.json what the image has for a desktop. On error nothing of the new
+// image is left.
+func Import(ctx context.Context, name string, r io.Reader, imageDir string, opts ImportOptions) (Image, error) {
 	if err := ValidateName(name); err != nil {
 		return Image{}, err
 	}
@@ -57,10 +59,11 @@ func Import(ctx context.Context, name string, r io.Reader, imageDir string) (Ima
 	if err := extractTar(ctx, r, rootfs); err != nil {
 		return Image{}, fmt.Errorf("import image %s: %w", name, err)
 	}
-	if err := importVM(ctx, imageDir, tmp, ImportKernelFrom); err != nil {
-		return Image{}, fmt.Errorf("import image %s: vm disk: %w", name, err)
+	kernelFrom, err := importVM(ctx, imageDir, tmp, opts)
+	if err != nil {
+		return Image{}, fmt.Errorf("import image %s: %w", name, err)
 	}
-	img, err := install(imageDir, tmp, Image{Name: name, Source: "import", CreatedAt: time.Now().UTC().Truncate(time.Second)})
+	img, err := install(imageDir, tmp, Image{Name: name, Source: "import", KernelFrom: kernelFrom, CreatedAt: time.Now().UTC().Truncate(time.Second)})
 	if err != nil {
 		return Image{}, err
 	}
@@ -68,13 +71,21 @@ func Import(ctx context.Context, name string, r io.Reader, imageDir string) (Ima
 	return img, nil
 }
 
-// ImportKernelFrom names the recipe-built image whose guest kernel an
-// imported image gets when its tarball has none (boot/vmlinuz-RELEASE with
-// lib/modules/RELEASE): `docker export` output rarely carries a kernel, and
-// the host's own /boot is no good choice — it may be missing (as on cloud
-// VMs) or lack the virtio modules. Build "desktop" first to run imported
-// images on VM backends.
-var ImportKernelFrom = "desktop"
+// ImportOptions tune Import.
+type ImportOptions struct {
+	// KernelFrom names the installed image whose guest kernel the imported
+	// image gets when its tarball has none (boot/vmlinuz-RELEASE with
+	// lib/modules/RELEASE): `docker export` output rarely carries a kernel,
+	// and the host's own /boot is no good choice — it may be missing (as on
+	// cloud VMs) or lack the virtio modules. "" means DefaultKernelFrom,
+	// and then an import without it still succeeds, for the container
+	// backends only; a KernelFrom named explicitly must exist.
+	KernelFrom string
+}
+
+// DefaultKernelFrom is the image whose kernel imported images boot with on
+// VM backends unless told otherwise: build "desktop" first.
+const DefaultKernelFrom = "desktop"
 
 // errEscape is returned for tar entries that try to leave the rootfs.
 var errEscape = errors.New("path escapes the image root")

@@ -265,22 +265,50 @@ func (b *builder) vmImage(ctx context.Context) error {
 }
 
 // importVM makes the VM form of an imported image: its own kernel if the
-// tarball has one, else the kernel of the recipe-built image kernelFrom in
-// the same image directory (if there is one); then the disk.
-func importVM(ctx context.Context, imageDir, ver, kernelFrom string) error {
+// tarball has one, else the kernel of the image opts.KernelFrom in the same
+// image directory; then the disk. It returns where the kernel came from:
+// "" for the tarball's own, or the image name; "" and no error also when the
+// default kernel image is not there (the image then runs on container
+// backends only, and LookupVM says why not on VMs).
+func importVM(ctx context.Context, imageDir, ver string, opts ImportOptions) (string, error) {
 	rootfs := filepath.Join(ver, "rootfs")
 	ok, err := installKernel(rootfs, ver)
 	if err != nil {
-		return err
+		return "", fmt.Errorf("kernel: %w", err)
 	}
-	if !ok && kernelFrom != "" {
-		if img, err := Lookup(imageDir, kernelFrom); err == nil {
-			if from, err := LookupVM(img.Dir); err == nil {
-				if err := linkKernel(from, ver); err != nil {
-					return err
-				}
+	from := ""
+	if !ok {
+		name, explicit := opts.KernelFrom, opts.KernelFrom != ""
+		if !explicit {
+			name = DefaultKernelFrom
+		}
+		vm, err := kernelImage(imageDir, name)
+		switch {
+		case err == nil:
+			if err := linkKernel(vm, ver); err != nil {
+				return "", fmt.Errorf("kernel of image %s: %w", name, err)
 			}
+			from = name
+		case explicit:
+			return "", fmt.Errorf("--kernel %s: %w", name, err)
 		}
 	}
-	return makeDisk(ctx, rootfs, filepath.Join(ver, diskFile), DefaultVMFreeMB)
+	if err := makeDisk(ctx, rootfs, filepath.Join(ver, diskFile), DefaultVMFreeMB); err != nil {
+		return "", fmt.Errorf("vm disk: %w", err)
+	}
+	return from, nil
+}
+
+// kernelImage returns the VM form of the installed image name, which must
+// have a kernel.
+func kernelImage(imageDir, name string) (VM, error) {
+	img, err := Lookup(imageDir, name)
+	if err != nil {
+		return VM{}, err
+	}
+	dir := filepath.Join(img.Dir, kernelDir)
+	if _, err := os.Stat(filepath.Join(dir, "vmlinuz")); err != nil {
+		return VM{}, fmt.Errorf("%w: image %s has no guest kernel", ErrNoVM, name)
+	}
+	return VM{Dir: img.Dir}, nil
 }

@@ -579,7 +579,8 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		return
 	}
 	client := agentclient.New(box.DialAgent, spec.Token)
-	if err := waitReady(ctx, client, box); err != nil {
+	hasDesktop, err := waitReady(ctx, client, box)
+	if err != nil {
 		client.Close()
 		if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
 			err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
@@ -603,6 +604,7 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 	e.box, e.client = box, client
 	e.rec.DriverState = &st
 	e.rec.Sandbox.State = StateRunning
+	e.rec.Sandbox.Desktop = hasDesktop
 	m.updateGaugesLocked()
 	m.mu.Unlock()
 	if err := m.persist(e); err != nil {
@@ -613,26 +615,30 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 	m.watch(e)
 }
 
-// waitReady polls the agent until its desktop reports ready.
-func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box) error {
+// waitReady polls the agent until its desktop reports ready, or until it
+// answers at all for a headless sandbox (no X server in its image), and
+// reports which it was.
+func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box) (desktop bool, err error) {
 	var last error
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		resp, err := c.Desktop.Info(rctx, connect.NewRequest(&desktoppb.InfoRequest{}))
 		cancel()
-		if err == nil && resp.Msg.Ready {
-			return nil
-		}
-		if err != nil {
+		switch {
+		case err == nil && resp.Msg.Headless:
+			return false, nil
+		case err == nil && resp.Msg.Ready:
+			return true, nil
+		case err != nil:
 			last = err
-		} else {
+		default:
 			last = errors.New("desktop not ready yet")
 		}
 		select {
 		case <-box.Wait():
-			return fmt.Errorf("sandbox exited while starting (last: %v)", last)
+			return false, fmt.Errorf("sandbox exited while starting (last: %v)", last)
 		case <-ctx.Done():
-			return fmt.Errorf("desktop not ready in time: %v", last)
+			return false, fmt.Errorf("desktop not ready in time: %v", last)
 		case <-time.After(25 * time.Millisecond):
 		}
 	}

@@ -50,10 +50,20 @@ func (readyAgent) Info(context.Context, *connect.Request[desktoppb.InfoRequest])
 	return connect.NewResponse(&desktoppb.InfoResponse{Ready: true, Width: 1024, Height: 768}), nil
 }
 
+// headlessAgent is the agent of a sandbox whose image has no X server.
+type headlessAgent struct {
+	desktopconnect.UnimplementedDesktopHandler
+}
+
+func (headlessAgent) Info(context.Context, *connect.Request[desktoppb.InfoRequest]) (*connect.Response[desktoppb.InfoResponse], error) {
+	return connect.NewResponse(&desktoppb.InfoResponse{Headless: true}), nil
+}
+
 type fakeDriver struct {
-	t       *testing.T
-	dir     string
-	failErr error // Create fails with this when set
+	t        *testing.T
+	dir      string
+	headless bool  // boxes have no desktop
+	failErr  error // Create fails with this when set
 	// stopFails is how many Stop calls fail (then succeed), as an
 	// unmount that is busy for a while would.
 	stopFails int
@@ -80,7 +90,11 @@ func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, 
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{}))
+	if d.headless {
+		mux.Handle(desktopconnect.NewDesktopHandler(headlessAgent{}))
+	} else {
+		mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{}))
+	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)
 	b := &fakeBox{d: d, id: spec.ID, sock: sock, srv: srv, dead: make(chan struct{})}
@@ -594,5 +608,49 @@ func TestStopRetried(t *testing.T) {
 	}
 	if got, _ := m.Get(ctx, sb.ID); got.Error != "" {
 		t.Errorf("error kept after a stop that worked: %q", got.Error)
+	}
+}
+
+// TestHeadless checks that a sandbox whose agent reports no desktop is
+// ready as soon as the agent answers, and says it has no desktop, while a
+// desktop sandbox says it has one; both survive a restart so.
+func TestHeadless(t *testing.T) {
+	ctx := context.Background()
+	for _, headless := range []bool{false, true} {
+		d := newFakeDriver(t)
+		d.headless = headless
+		dir := t.TempDir()
+		m := newTestManager(t, d, dir, wallClock{})
+		sb, err := m.Create(ctx, CreateRequest{}, true)
+		if err != nil {
+			t.Fatalf("headless=%v: create: %v", headless, err)
+		}
+		if sb.State != StateRunning || sb.Desktop == headless {
+			t.Errorf("headless=%v: created %+v, want running with Desktop %v", headless, sb, !headless)
+		}
+		m.Close()
+		m = newTestManager(t, d, dir, wallClock{})
+		if got, err := m.Get(ctx, sb.ID); err != nil || got.State != StateRunning || got.Desktop == headless {
+			t.Errorf("headless=%v: after restart %+v, %v", headless, got, err)
+		}
+		m.Close()
+	}
+}
+
+// TestRecordWithoutDesktop checks that records written before sandboxes
+// could be headless read as having a desktop.
+func TestRecordWithoutDesktop(t *testing.T) {
+	for _, c := range []struct {
+		json string
+		want bool
+	}{
+		{`{"sandbox":{"id":"old","state":"running"}}`, true},
+		{`{"sandbox":{"id":"new","state":"running","desktop":false}}`, false},
+		{`{"sandbox":{"id":"new","state":"running","desktop":true}}`, true},
+	} {
+		r, err := decodeRecord([]byte(c.json))
+		if err != nil || r.Sandbox.Desktop != c.want {
+			t.Errorf("decodeRecord(%s) = %+v, %v; want Desktop %v", c.json, r, err, c.want)
+		}
 	}
 }

@@ -71,8 +71,8 @@ func (s *store) all() ([]*record, error) {
 	var out []*record
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSandboxes).ForEach(func(k, v []byte) error {
-			r := new(record)
-			if err := json.Unmarshal(v, r); err != nil {
+			r, err := decodeRecord(v)
+			if err != nil {
 				return fmt.Errorf("decode record %s: %w", k, err)
 			}
 			out = append(out, r)
@@ -80,4 +80,25 @@ func (s *store) all() ([]*record, error) {
 		})
 	})
 	return out, err
+}
+
+// decodeRecord reads a stored record, filling in what records written by
+// older daemons lack.
+func decodeRecord(b []byte) (*record, error) {
+	r := new(record)
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, err
+	}
+	var has struct {
+		Sandbox struct {
+			Desktop *bool `json:"desktop"`
+		} `json:"sandbox"`
+	}
+	if err := json.Unmarshal(b, &has); err != nil {
+		return nil, err
+	}
+	if has.Sandbox.Desktop == nil {
+		r.Sandbox.Desktop = true // before headless sandboxes, all had one
+	}
+	return r, nil
 }

@@ -76,7 +76,11 @@ type Sandbox struct {
 	LastActiveAt time.Time         `json:"last_active_at"`
 	Metadata     map[string]string `json:"metadata"`
 	IP           string            `json:"ip,omitempty"`
-	Error        string            `json:"error,omitempty"`
+	// Desktop is false for a headless sandbox: its image has no X server,
+	// so only commands and files work. Records from before the field
+	// existed read as true (every sandbox had a desktop then).
+	Desktop bool   `json:"desktop"`
+	Error   string `json:"error,omitempty"`
 }
 
 // Filter selects sandboxes in List; zero fields match everything.

@@ -61,13 +61,17 @@ func (*InfoRequest) Descriptor() ([]byte, []int) {
 }
 
 type InfoResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	Capabilities  []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
-	Width         int32                  `protobuf:"varint,3,opt,name=width,proto3" json:"width,omitempty"`
-	Height        int32                  `protobuf:"varint,4,opt,name=height,proto3" json:"height,omitempty"`
-	Ready         bool                   `protobuf:"varint,5,opt,name=ready,proto3" json:"ready,omitempty"`
-	Display       string                 `protobuf:"bytes,6,opt,name=display,proto3" json:"display,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Version      string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Capabilities []string               `protobuf:"bytes,2,rep,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Width        int32                  `protobuf:"varint,3,opt,name=width,proto3" json:"width,omitempty"`
+	Height       int32                  `protobuf:"varint,4,opt,name=height,proto3" json:"height,omitempty"`
+	Ready        bool                   `protobuf:"varint,5,opt,name=ready,proto3" json:"ready,omitempty"`
+	Display      string                 `protobuf:"bytes,6,opt,name=display,proto3" json:"display,omitempty"`
+	// The sandbox has no desktop at all: its image has no X server, so
+	// screenshots and input can never work. Such a sandbox is ready as soon as
+	// the agent answers.
+	Headless      bool `protobuf:"varint,7,opt,name=headless,proto3" json:"headless,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +146,13 @@ func (x *InfoResponse) GetDisplay() string {
 		return x.Display
 	}
 	return ""
+}
+
+func (x *InfoResponse) GetHeadless() bool {
+	if x != nil {
+		return x.Headless
+	}
+	return false
 }
 
 type Region struct {
@@ -867,14 +878,15 @@ var File_desktop_desktop_proto protoreflect.FileDescriptor
 const file_desktop_desktop_proto_rawDesc = "" +
 	"\n" +
 	"\x15desktop/desktop.proto\x12\adesktop\"\r\n" +
-	"\vInfoRequest\"\xaa\x01\n" +
+	"\vInfoRequest\"\xc6\x01\n" +
 	"\fInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\"\n" +
 	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\x12\x14\n" +
 	"\x05width\x18\x03 \x01(\x05R\x05width\x12\x16\n" +
 	"\x06height\x18\x04 \x01(\x05R\x06height\x12\x14\n" +
 	"\x05ready\x18\x05 \x01(\bR\x05ready\x12\x18\n" +
-	"\adisplay\x18\x06 \x01(\tR\adisplay\"@\n" +
+	"\adisplay\x18\x06 \x01(\tR\adisplay\x12\x1a\n" +
+	"\bheadless\x18\a \x01(\bR\bheadless\"@\n" +
 	"\x06Region\x12\f\n" +
 	"\x01x\x18\x01 \x01(\x05R\x01x\x12\f\n" +
 	"\x01y\x18\x02 \x01(\x05R\x01y\x12\f\n" +

@@ -28,6 +28,7 @@ var machineProvided = map[string]string{
 var scriptPrograms = []Site{
 	{"gofmt", "Makefile (lint)"},
 	{"shellcheck", "Makefile (lint)"},
+	{"protoc", "Makefile (proto)"},
 	{"git", "Makefile (VERSION)"},
 	{"curl", "scripts/deps.sh, scripts/demo.sh"},
 	{"sha512sum", "scripts/deps.sh"},

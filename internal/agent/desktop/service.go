@@ -41,8 +41,9 @@ type Service struct {
 	version string
 	display string
 
-	mu sync.RWMutex
-	d  *Desktop
+	mu       sync.RWMutex
+	d        *Desktop
+	headless bool
 }
 
 var _ desktopconnect.DesktopHandler = (*Service)(nil)
@@ -61,10 +62,33 @@ func (s *Service) SetDesktop(d *Desktop) {
 	s.mu.Unlock()
 }
 
+// SetHeadless marks the sandbox as having no desktop at all (its image has
+// no X server): Info says so, and screenshots and input fail at once with
+// FailedPrecondition instead of waiting for a display that never comes.
+func (s *Service) SetHeadless() {
+	s.mu.Lock()
+	s.headless = true
+	s.mu.Unlock()
+}
+
 func (s *Service) desktop() *Desktop {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.d
+}
+
+// errHeadless answers desktop calls of a sandbox without a desktop.
+var errHeadless = connect.NewError(connect.CodeFailedPrecondition, errors.New("this sandbox has no desktop: its image has no X server (Xvfb or Xvnc)"))
+
+// unavailable is the error for a call that needs the desktop while there is
+// none.
+func (s *Service) unavailable() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.headless {
+		return errHeadless
+	}
+	return errNoDesktop
 }
 
 // Type types text on the display, delayMS apart, for the in-sandbox
@@ -73,7 +97,7 @@ func (s *Service) desktop() *Desktop {
 func (s *Service) Type(ctx context.Context, text string, delayMS int) error {
 	d := s.desktop()
 	if d == nil {
-		return errors.New("the X display is not up yet")
+		return s.unavailable()
 	}
 	_, err := d.Do(ctx, action.Action{Type: action.TypeType, Text: text, DelayMS: delayMS})
 	return err
@@ -86,6 +110,9 @@ var errNoDesktop = connect.NewError(connect.CodeUnavailable, errors.New("the X d
 // capture itself, so polling Info is enough to wait for the desktop.
 func (s *Service) Info(ctx context.Context, _ *connect.Request[desktop.InfoRequest]) (*connect.Response[desktop.InfoResponse], error) {
 	resp := &desktop.InfoResponse{Version: s.version, Display: s.display}
+	s.mu.RLock()
+	resp.Headless = s.headless
+	s.mu.RUnlock()
 	if d := s.desktop(); d != nil {
 		if !d.Ready() {
 			_, _ = d.Screenshot(ctx, action.ScreenshotOptions{Format: action.FormatPNG, Region: image.Rect(0, 0, 1, 1)})
@@ -105,7 +132,7 @@ func (s *Service) Info(ctx context.Context, _ *connect.Request[desktop.InfoReque
 func (s *Service) Screenshot(ctx context.Context, req *connect.Request[desktop.ScreenshotRequest]) (*connect.Response[desktop.ScreenshotResponse], error) {
 	d := s.desktop()
 	if d == nil {
-		return nil, errNoDesktop
+		return nil, s.unavailable()
 	}
 	res, err := d.Do(ctx, action.FromScreenshotRequest(req.Msg))
 	if err != nil {
@@ -127,7 +154,7 @@ func (s *Service) Screenshot(ctx context.Context, req *connect.Request[desktop.S
 func (s *Service) Act(ctx context.Context, req *connect.Request[desktop.ActRequest]) (*connect.Response[desktop.ActResponse], error) {
 	d := s.desktop()
 	if d == nil {
-		return nil, errNoDesktop
+		return nil, s.unavailable()
 	}
 	resp := &desktop.ActResponse{FailedIndex: -1}
 	if n := len(req.Msg.GetActions()); n > action.MaxActions {
