@@ -36,9 +36,19 @@ deb $mirror bookworm main
 deb $mirror bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 EOF
-# What the kind has before any install step: Go (MACHINE.md). No service
-# may start inside the chroot.
+# What the kind has before any install step: Go (MACHINE.md), and the
+# certificate authorities of its network (this workplace reaches the
+# registries through a TLS proxy: its CA, in /usr/local/share/ca-certificates,
+# goes into the system bundle when deps.sh installs ca-certificates) with the
+# environment that points programs at that bundle. No service may start
+# inside the chroot.
 cp -a /usr/local/go "$root/usr/local/go"
+mkdir -p "$root/usr/local/share/ca-certificates"
+cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+kind_env=()
+for v in NODE_EXTRA_CA_CERTS SSL_CERT_FILE SSL_CERT_DIR CURL_CA_BUNDLE GIT_SSL_CAINFO; do
+  [ -n "${!v:-}" ] && kind_env+=("$v=${!v}")
+done
 printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
 chmod 0755 "$root/usr/sbin/policy-rc.d"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
@@ -54,10 +64,10 @@ say "what the new system lacks before deps.sh"
 chroot "$root" /bin/sh -c 'for p in make git curl nft runsc runc qemu-system-x86_64 debootstrap Xvfb chromium node npm shellcheck xz; do command -v $p >/dev/null || printf " %s" $p; done; echo'
 
 say "scripts/deps.sh"
-chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+chroot "$root" /usr/bin/env -i "${kind_env[@]}" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   bash -c 'cd /src && time bash scripts/deps.sh'
 
 say "the dependency check, inside the new system"
-chroot "$root" /usr/bin/env -i PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+chroot "$root" /usr/bin/env -i "${kind_env[@]}" PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
   bash -c 'cd /src && go test -count=1 -v -run TestDepsInstallEveryProgram ./test/depcheck/'
 say "passed: scripts/deps.sh installs every program cubicle runs on a fresh Debian 12"
