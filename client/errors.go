@@ -12,10 +12,13 @@ import (
 // The API error codes of API.md. APIError.Code holds one of these, or a
 // newer code this SDK does not know yet.
 const (
-	CodeUnauthorized      = "unauthorized"
-	CodeNotFound          = "not_found"
-	CodeInvalidArgument   = "invalid_argument"
-	CodeConflict          = "conflict"
+	CodeUnauthorized    = "unauthorized"
+	CodeNotFound        = "not_found"
+	CodeInvalidArgument = "invalid_argument"
+	CodeConflict        = "conflict"
+	// CodeNoDesktop answers a desktop call (screenshot, actions, live view)
+	// of a headless sandbox (Sandbox.Desktop false).
+	CodeNoDesktop         = "no_desktop"
 	CodePayloadTooLarge   = "payload_too_large"
 	CodeCapacityExhausted = "capacity_exhausted"
 	CodeRateLimited       = "rate_limited"

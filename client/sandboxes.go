@@ -128,6 +128,10 @@ type Sandbox struct {
 	LastActiveAt time.Time         `json:"last_active_at"`
 	Metadata     map[string]string `json:"metadata"`
 	IP           string            `json:"ip,omitempty"`
+	// Desktop is false for a headless sandbox: its image has no X server,
+	// so screenshots, input and the live view answer ErrNoDesktop;
+	// commands and files work.
+	Desktop bool `json:"desktop"`
 	// Error says why the sandbox failed; set only in StateFailed.
 	Error string `json:"error,omitempty"`
 }
