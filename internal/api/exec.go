@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
 // maxExecTimeoutSeconds bounds timeout_seconds of one exec.
@@ -60,7 +61,10 @@ func (in *execRequest) validate() error {
 	if in.TimeoutSeconds < 0 || in.TimeoutSeconds > maxExecTimeoutSeconds {
 		return invalidf("timeout_seconds must be 0..%d, not %d", maxExecTimeoutSeconds, in.TimeoutSeconds)
 	}
-	return checkEnv(in.Env)
+	if err := sandbox.CheckEnv(in.Env); err != nil {
+		return invalidf("%s", err)
+	}
+	return nil
 }
 
 // execResponse is the answer of a foreground exec.

@@ -1,8 +1,10 @@
 package api
 
 import (
+	"net/netip"
 	"net/url"
 	"path"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -29,11 +31,11 @@ func FuzzParseCreateRequest(f *testing.F) {
 			}
 			return
 		}
-		if req.VCPUs < 0 || req.VCPUs > maxVCPUs || req.TimeoutSeconds < 0 || req.IdleTimeoutSeconds < 0 {
+		if req.VCPUs < 0 || req.VCPUs > sandbox.MaxVCPUs || req.TimeoutSeconds < 0 || req.IdleTimeoutSeconds < 0 {
 			t.Fatalf("accepted out-of-range request %+v", req)
 		}
 		if r := req.Resolution; r != (sandbox.Resolution{}) &&
-			(r.Width < minWidth || r.Width > maxWidth || r.Height < minHeight || r.Height > maxHeight) {
+			(r.Width < sandbox.MinWidth || r.Width > sandbox.MaxWidth || r.Height < sandbox.MinHeight || r.Height > sandbox.MaxHeight) {
 			t.Fatalf("accepted resolution %+v", r)
 		}
 		n := req.Network
@@ -41,9 +43,13 @@ func FuzzParseCreateRequest(f *testing.F) {
 			t.Fatalf("accepted network %+v", n)
 		}
 		for _, c := range n.Allow {
-			if _, err := parseCIDR(c); err != nil {
-				t.Fatalf("accepted CIDR %q", c)
+			if p, err := netip.ParsePrefix(c); err != nil || p.Masked() != p {
+				t.Fatalf("accepted allow entry %q, not a masked CIDR", c)
 			}
+		}
+		// What was accepted passes the shared rules unchanged.
+		if again, err := sandbox.ValidateCreate(req); err != nil || !reflect.DeepEqual(again, req) {
+			t.Fatalf("accepted %+v, which the shared rules give as %+v, %v", req, again, err)
 		}
 	})
 }

@@ -4,42 +4,17 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
-	"net/netip"
-	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
-// Bounds of a create request (API.md "Lifecycle").
-const (
-	minWidth, maxWidth       = 320, 7680
-	minHeight, maxHeight     = 200, 4320
-	minDPI, maxDPI           = 50, 600
-	minVCPUs, maxVCPUs       = 1, 64
-	minMemoryMB, maxMemoryMB = 256, 262144
-	maxTimeoutSeconds        = 366 * 24 * 3600
-	maxStartURLBytes         = 8 << 10
-	maxEnvVars               = 256
-	maxEnvKeyBytes           = 256
-	maxEnvValueBytes         = 32 << 10
-	maxMetadataPairs         = 64
-	maxMetadataKeyBytes      = 128
-	maxMetadataValueBytes    = 1024
-	maxAllowCIDRs            = 256
-	maxTemplateName          = 64
-)
-
 var (
-	backends     = map[string]bool{"firecracker": true, "qemu": true, "gvisor": true, "runc": true}
-	templateName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
-	envKey       = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	sandboxID    = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-	states       = map[sandbox.State]bool{
+	sandboxID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+	states    = map[sandbox.State]bool{
 		sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
 		sandbox.StateStopped: true, sandbox.StateFailed: true,
 	}
@@ -84,10 +59,11 @@ func (e *egressSpec) UnmarshalJSON(data []byte) error {
 		if err := json.Unmarshal(data, &s); err != nil {
 			return invalidf(`network.egress must be "none", "all" or {"allow": [CIDR, ...]}`)
 		}
-		if s != "none" && s != "all" {
-			return invalidf(`network.egress must be "none", "all" or {"allow": [CIDR, ...]}, not %q`, s)
+		if s == "" {
+			// "" would read as no policy, the daemon's default.
+			return invalidf(`network.egress must be "none", "all" or {"allow": [CIDR, ...]}, not ""`)
 		}
-		*e = egressSpec{mode: s}
+		*e = egressSpec{mode: s} // "none" or "all": sandbox.ValidateCreate checks
 		return nil
 	case len(data) > 0 && data[0] == '{':
 		var obj struct {
@@ -99,41 +75,11 @@ func (e *egressSpec) UnmarshalJSON(data []byte) error {
 		if len(obj.Allow) == 0 {
 			return invalidf(`network.egress.allow must list at least one CIDR (use "none" to allow nothing)`)
 		}
-		if len(obj.Allow) > maxAllowCIDRs {
-			return invalidf("network.egress.allow has %d entries (at most %d)", len(obj.Allow), maxAllowCIDRs)
-		}
-		out := make([]string, len(obj.Allow))
-		for i, c := range obj.Allow {
-			p, err := parseCIDR(c)
-			if err != nil {
-				return invalidf("network.egress.allow[%d]: %q is not a CIDR", i, c)
-			}
-			out[i] = p.String()
-		}
-		*e = egressSpec{allow: out}
+		// Each entry is checked by sandbox.ValidateCreate.
+		*e = egressSpec{allow: obj.Allow}
 		return nil
 	}
 	return invalidf(`network.egress must be "none", "all" or {"allow": [CIDR, ...]}`)
-}
-
-// parseCIDR parses a CIDR, or a bare address as a single-host prefix, and
-// returns it masked.
-func parseCIDR(s string) (netip.Prefix, error) {
-	if !strings.Contains(s, "/") {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return netip.Prefix{}, err
-		}
-		if a.Zone() != "" {
-			return netip.Prefix{}, strconv.ErrSyntax
-		}
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	return p.Masked(), nil
 }
 
 // parseCreateRequest decodes and validates the body of POST /v1/sandboxes.
@@ -155,122 +101,17 @@ func parseCreateRequest(body []byte) (sandbox.CreateRequest, error) {
 		Env:                in.Env,
 		Metadata:           in.Metadata,
 	}
-	if in.Template != "" && (len(in.Template) > maxTemplateName || !templateName.MatchString(in.Template)) {
-		return out, invalidf("template %q is not a valid template name", in.Template)
-	}
-	if in.Backend != "" && !backends[in.Backend] {
-		return out, invalidf("backend must be firecracker, qemu, gvisor or runc, not %q", in.Backend)
-	}
-	if res := in.Resolution; res != nil && (res.Width != 0 || res.Height != 0) {
-		if res.Width < minWidth || res.Width > maxWidth || res.Height < minHeight || res.Height > maxHeight {
-			return out, invalidf("resolution %dx%d is out of range %d..%d x %d..%d",
-				res.Width, res.Height, minWidth, maxWidth, minHeight, maxHeight)
-		}
+	if res := in.Resolution; res != nil {
 		out.Resolution = *res
-	}
-	for _, c := range []struct {
-		name     string
-		v        int
-		min, max int
-	}{
-		{"dpi", in.DPI, minDPI, maxDPI},
-		{"vcpus", in.VCPUs, minVCPUs, maxVCPUs},
-		{"memory_mb", in.MemoryMB, minMemoryMB, maxMemoryMB},
-	} {
-		if c.v != 0 && (c.v < c.min || c.v > c.max) {
-			return out, invalidf("%s must be %d..%d, not %d", c.name, c.min, c.max, c.v)
-		}
-	}
-	if err := checkTimeout("timeout_seconds", in.TimeoutSeconds); err != nil {
-		return out, err
-	}
-	if err := checkTimeout("idle_timeout_seconds", in.IdleTimeoutSeconds); err != nil {
-		return out, err
-	}
-	if in.StartURL != "" {
-		if err := checkStartURL(in.StartURL); err != nil {
-			return out, err
-		}
-	}
-	if err := checkEnv(in.Env); err != nil {
-		return out, err
-	}
-	if err := checkMetadata(in.Metadata); err != nil {
-		return out, err
 	}
 	if in.Network != nil {
 		out.Network = sandbox.Network{Egress: in.Network.Egress.mode, Allow: in.Network.Egress.allow}
 	}
+	out, err := sandbox.ValidateCreate(out)
+	if err != nil {
+		return out, invalidf("%s", err)
+	}
 	return out, nil
-}
-
-func checkTimeout(name string, v int) error {
-	if v < 0 || v > maxTimeoutSeconds {
-		return invalidf("%s must be 0..%d, not %d", name, maxTimeoutSeconds, v)
-	}
-	return nil
-}
-
-func checkStartURL(s string) error {
-	if len(s) > maxStartURLBytes {
-		return invalidf("start_url is longer than %d bytes", maxStartURLBytes)
-	}
-	u, err := url.Parse(s)
-	if err != nil || strings.ContainsAny(s, " \t\r\n") {
-		return invalidf("start_url is not a valid URL")
-	}
-	switch strings.ToLower(u.Scheme) {
-	case "http", "https":
-		if u.Host == "" {
-			return invalidf("start_url %q has no host", s)
-		}
-	case "about", "file":
-	default:
-		return invalidf("start_url must be an http, https, about or file URL")
-	}
-	return nil
-}
-
-func checkEnv(env map[string]string) error {
-	if len(env) > maxEnvVars {
-		return invalidf("env has %d variables (at most %d)", len(env), maxEnvVars)
-	}
-	for k, v := range env {
-		if len(k) > maxEnvKeyBytes || !envKey.MatchString(k) {
-			return invalidf("env: %q is not a valid variable name", k)
-		}
-		if len(v) > maxEnvValueBytes {
-			return invalidf("env: the value of %s is longer than %d bytes", k, maxEnvValueBytes)
-		}
-		if strings.IndexByte(v, 0) >= 0 {
-			return invalidf("env: the value of %s contains a NUL byte", k)
-		}
-	}
-	return nil
-}
-
-func checkMetadata(md map[string]string) error {
-	if len(md) > maxMetadataPairs {
-		return invalidf("metadata has %d keys (at most %d)", len(md), maxMetadataPairs)
-	}
-	for k, v := range md {
-		if k == "" || len(k) > maxMetadataKeyBytes || !utf8.ValidString(k) || hasControl(k) {
-			return invalidf("metadata: %q is not a valid key (1..%d printable bytes)", k, maxMetadataKeyBytes)
-		}
-		if len(v) > maxMetadataValueBytes || !utf8.ValidString(v) {
-			return invalidf("metadata: the value of %q is longer than %d bytes", k, maxMetadataValueBytes)
-		}
-	}
-	return nil
-}
-
-func hasControl(s string) bool {
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f {
-			return true
-		}
-	}
-	return false
 }
 
 // pathID returns the sandbox id of the request's path, or a 404 error when
@@ -395,8 +236,8 @@ func (s *server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalidf("timeout_seconds is required"))
 		return
 	}
-	if err := checkTimeout("timeout_seconds", *in.TimeoutSeconds); err != nil {
-		s.writeError(w, r, err)
+	if err := sandbox.CheckTimeout("timeout_seconds", *in.TimeoutSeconds); err != nil {
+		s.writeError(w, r, invalidf("%s", err))
 		return
 	}
 	sb, err := s.mgr.SetTimeout(r.Context(), id, *in.TimeoutSeconds)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
@@ -21,20 +20,13 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/strictjson"
 )
 
-// Bounds of what this API accepts. The env and metadata bounds are
-// cubicle's own API's (internal/api), so both doors admit the same
-// sandboxes.
+// Bounds of what this API accepts. What a create may ask for is bounded by
+// the rules every API shares (sandbox.ValidateCreate), so both doors admit
+// the same sandboxes.
 const (
-	maxBodyBytes          = 1 << 20
-	maxEnvVars            = 256
-	maxEnvKeyBytes        = 256
-	maxEnvValueBytes      = 32 << 10
-	maxMetadataPairs      = 64
-	maxMetadataKeyBytes   = 128
-	maxMetadataValueBytes = 1024
-	maxAllowOut           = 256
-	maxListLimit          = 100
-	maxIDBytes            = 128
+	maxBodyBytes = 1 << 20
+	maxListLimit = 100
+	maxIDBytes   = 128
 
 	// v1DefaultTimeout and v2DefaultTimeout are the spec's defaults of
 	// NewSandbox.timeout (v1) and NewSandboxV2.timeout / ConnectSandboxV2.timeout.
@@ -46,10 +38,7 @@ const (
 	idleNever = 366 * 24 * 3600
 )
 
-var (
-	envName   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	sandboxID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
-)
+var sandboxID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 // newSandbox is the wire form of E2B's NewSandbox and NewSandboxV2. Fields
 // this package ignores are not declared, so any value of theirs decodes.
@@ -104,28 +93,45 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 	if len(in.VolumeMounts) > 0 {
 		return createParams{}, badRequestf("volumeMounts are not supported by cubicle")
 	}
-	if err := checkEnv(in.EnvVars); err != nil {
-		return createParams{}, err
-	}
-	if err := checkMetadata(in.Metadata); err != nil {
-		return createParams{}, err
-	}
 	network, err := egress(in.AllowInternetAccess, in.Network)
 	if err != nil {
 		return createParams{}, err
 	}
-	return createParams{
-		template: name,
-		req: sandbox.CreateRequest{
-			Template:           tmpl,
-			Backend:            s.cfg.Backend,
-			TimeoutSeconds:     timeout,
-			IdleTimeoutSeconds: idleNever,
-			Env:                in.EnvVars,
-			Metadata:           in.Metadata,
-			Network:            network,
-		},
-	}, nil
+	req, err := sandbox.ValidateCreate(sandbox.CreateRequest{
+		Template:           tmpl,
+		Backend:            s.cfg.Backend,
+		TimeoutSeconds:     timeout,
+		IdleTimeoutSeconds: idleNever,
+		Env:                in.EnvVars,
+		Metadata:           in.Metadata,
+		Network:            network,
+	})
+	if err != nil {
+		return createParams{}, inE2BWords(err)
+	}
+	return createParams{template: name, req: req}, nil
+}
+
+// e2bFields are the E2B names of the fields of the shared create rules
+// that an E2B body sets under another name.
+var e2bFields = map[string]string{
+	"env":                  "envVars",
+	"timeout_seconds":      "timeout",
+	"network.egress.allow": "network.allowOut",
+}
+
+// inE2BWords turns an error of the shared create rules into a 400 that
+// names the field as E2B's body does.
+func inE2BWords(err error) error {
+	var fe *sandbox.FieldError
+	if !errors.As(err, &fe) {
+		return err
+	}
+	named := *fe
+	if n, ok := e2bFields[fe.Field]; ok {
+		named.Field = n
+	}
+	return badRequestf("%s", named.Error())
 }
 
 // knownTemplates lists the E2B template names, sorted.
@@ -160,6 +166,9 @@ func parseTimeoutBody(body []byte, required bool, def int) (int, error) {
 // timeoutSeconds validates an E2B timeout: int32 seconds, at least 0. E2B
 // reads 0 as "expire now" while cubicle's manager reads it as "the
 // maximum", so 0 becomes the smallest timeout the manager can express.
+// Above sandbox.MaxTimeoutSeconds it is capped, not refused: E2B's server
+// caps a timeout at the longest a sandbox may live, and the SDKs expect
+// that.
 func timeoutSeconds(t *int64, def int) (int, error) {
 	if t == nil {
 		return def, nil
@@ -167,7 +176,7 @@ func timeoutSeconds(t *int64, def int) (int, error) {
 	if *t < 0 || *t > math.MaxInt32 {
 		return 0, badRequestf("timeout must be 0..%d seconds, not %d", math.MaxInt32, *t)
 	}
-	return max(int(*t), 1), nil
+	return int(min(max(*t, 1), sandbox.MaxTimeoutSeconds)), nil
 }
 
 // egress maps E2B's internet and network options onto cubicle's egress
@@ -202,75 +211,8 @@ func egress(allowInternet *bool, n *networkConfig) (sandbox.Network, error) {
 	if len(allowOut) == 0 {
 		return sandbox.Network{Egress: "none"}, nil
 	}
-	if len(allowOut) > maxAllowOut {
-		return sandbox.Network{}, badRequestf("network.allowOut has %d entries (at most %d)", len(allowOut), maxAllowOut)
-	}
-	allow := make([]string, len(allowOut))
-	for i, a := range allowOut {
-		p, err := parsePrefix(strings.TrimSpace(a))
-		if err != nil {
-			return sandbox.Network{}, badRequestf("network.allowOut[%d]: %q is not an IP address or CIDR (cubicle filters egress by address, not by domain name)",
-				i, truncate(a, 64))
-		}
-		allow[i] = p.String()
-	}
-	return sandbox.Network{Allow: allow}, nil
-}
-
-// parsePrefix parses a CIDR, or a bare address as a one-host prefix, masked.
-func parsePrefix(s string) (netip.Prefix, error) {
-	if !strings.Contains(s, "/") {
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return netip.Prefix{}, fmt.Errorf("parse address: %w", err)
-		}
-		if a.Zone() != "" {
-			return netip.Prefix{}, errors.New("address has a zone")
-		}
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("parse prefix: %w", err)
-	}
-	return p.Masked(), nil
-}
-
-func checkEnv(env map[string]string) error {
-	if len(env) > maxEnvVars {
-		return badRequestf("envVars has %d variables (at most %d)", len(env), maxEnvVars)
-	}
-	for k, v := range env {
-		if len(k) > maxEnvKeyBytes || !envName.MatchString(k) {
-			return badRequestf("envVars: %q is not a valid variable name (letters, digits and _, not starting with a digit)", truncate(k, 64))
-		}
-		if len(v) > maxEnvValueBytes {
-			return badRequestf("envVars: the value of %s is longer than %d bytes", k, maxEnvValueBytes)
-		}
-		if strings.IndexByte(v, 0) >= 0 {
-			return badRequestf("envVars: the value of %s contains a NUL byte", k)
-		}
-	}
-	return nil
-}
-
-func checkMetadata(md map[string]string) error {
-	if len(md) > maxMetadataPairs {
-		return badRequestf("metadata has %d keys (at most %d)", len(md), maxMetadataPairs)
-	}
-	for k, v := range md {
-		if k == "" || len(k) > maxMetadataKeyBytes || !utf8.ValidString(k) || hasControl(k) {
-			return badRequestf("metadata: %q is not a valid key (1..%d printable bytes)", truncate(k, 64), maxMetadataKeyBytes)
-		}
-		if len(v) > maxMetadataValueBytes || !utf8.ValidString(v) {
-			return badRequestf("metadata: the value of %q is not valid UTF-8 of at most %d bytes", k, maxMetadataValueBytes)
-		}
-	}
-	return nil
-}
-
-func hasControl(s string) bool {
-	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
+	// Each entry is checked, and masked, by sandbox.ValidateCreate.
+	return sandbox.Network{Allow: slices.Clone(allowOut)}, nil
 }
 
 // truncate shortens s for an error message, keeping it valid UTF-8.
@@ -385,8 +327,8 @@ func parseMetadataFilter(raw string) (map[string]string, error) {
 		if err != nil {
 			return nil, badRequestf("metadata: the value of %q is not URL-encoded correctly", truncate(key, 64))
 		}
-		if len(out) >= maxMetadataPairs {
-			return nil, badRequestf("metadata filters on more than %d keys", maxMetadataPairs)
+		if len(out) >= sandbox.MaxMetadataPairs {
+			return nil, badRequestf("metadata filters on more than %d keys", sandbox.MaxMetadataPairs)
 		}
 		out[key] = val
 	}

@@ -2,7 +2,9 @@ package e2b
 
 import (
 	"errors"
+	"net/netip"
 	"net/url"
+	"reflect"
 	"testing"
 	"unicode/utf8"
 
@@ -46,19 +48,20 @@ func FuzzParseNewSandbox(f *testing.F) {
 		if req.TimeoutSeconds < 1 || req.IdleTimeoutSeconds != idleNever {
 			t.Fatalf("timeouts %d / %d", req.TimeoutSeconds, req.IdleTimeoutSeconds)
 		}
-		if err := checkEnv(req.Env); err != nil {
-			t.Fatalf("accepted env %q: %v", req.Env, err)
+		if req.TimeoutSeconds > sandbox.MaxTimeoutSeconds {
+			t.Fatalf("timeout %d beyond the shared maximum", req.TimeoutSeconds)
 		}
-		if err := checkMetadata(req.Metadata); err != nil {
-			t.Fatalf("accepted metadata %q: %v", req.Metadata, err)
+		// What was accepted passes the rules every API shares, unchanged.
+		if again, err := sandbox.ValidateCreate(req); err != nil || !reflect.DeepEqual(again, req) {
+			t.Fatalf("accepted %+v, which the shared rules give as %+v, %v", req, again, err)
 		}
 		n := req.Network
 		switch {
 		case n.Egress == "" && n.Allow == nil, n.Egress == "none" && n.Allow == nil, n.Egress == "all" && n.Allow == nil:
 		case n.Egress == "" && len(n.Allow) > 0:
 			for _, a := range n.Allow {
-				if _, err := parsePrefix(a); err != nil {
-					t.Fatalf("accepted allow entry %q", a)
+				if p, err := netip.ParsePrefix(a); err != nil || p.Masked() != p {
+					t.Fatalf("accepted allow entry %q, not a masked CIDR", a)
 				}
 			}
 		default:

@@ -284,7 +284,11 @@ func TestParseTimeoutBody(t *testing.T) {
 	}{
 		{body: `{"timeout":30}`, required: true, want: 30},
 		{body: `{"timeout":0}`, required: true, want: 1},
-		{body: `{"timeout":2147483647}`, required: true, want: 2147483647},
+		// Capped at the longest a sandbox may live through any API, as
+		// E2B's server caps it.
+		{body: `{"timeout":31622400}`, required: true, want: sandbox.MaxTimeoutSeconds},
+		{body: `{"timeout":31622401}`, required: true, want: sandbox.MaxTimeoutSeconds},
+		{body: `{"timeout":2147483647}`, required: true, want: sandbox.MaxTimeoutSeconds},
 		{body: `{"timeout":2147483648}`, required: true, wantErr: true},
 		{body: `{"timeout":-1}`, required: false, wantErr: true},
 		{body: `{}`, required: true, wantErr: true},

@@ -223,6 +223,15 @@ func TestCreate(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "timeout past the longest life is capped", path: "/v2/sandboxes", body: `{"templateID":"desktop","timeout":2000000000}`,
+			wantStatus: 201, template: "desktop",
+			check: func(t *testing.T, req sandbox.CreateRequest) {
+				if req.TimeoutSeconds != sandbox.MaxTimeoutSeconds {
+					t.Errorf("timeout %d, want the shared maximum %d", req.TimeoutSeconds, sandbox.MaxTimeoutSeconds)
+				}
+			},
+		},
 		{name: "missing templateID", path: "/v2/sandboxes", body: `{"timeout":30}`, wantStatus: 400, wantMsg: "templateID is required"},
 		{name: "empty templateID", path: "/sandboxes", body: `{"templateID":""}`, wantStatus: 400, wantMsg: "templateID is required"},
 		{name: "empty body", path: "/v2/sandboxes", body: ``, wantStatus: 400, wantMsg: "empty body"},
@@ -248,6 +257,15 @@ func TestCreate(t *testing.T) {
 		{name: "egress proxy", path: "/v2/sandboxes", body: `{"templateID":"desktop","network":{"egressProxy":{"address":"p:1080"}}}`, wantStatus: 400, wantMsg: "egressProxy"},
 		{name: "partial deny list", path: "/v2/sandboxes", body: `{"templateID":"desktop","network":{"denyOut":["8.8.8.8"]}}`, wantStatus: 400, wantMsg: "can only deny all traffic"},
 		{name: "domain allowed under deny-all", path: "/v2/sandboxes", body: `{"templateID":"desktop","allow_internet_access":false,"network":{"allowOut":["example.com"]}}`, wantStatus: 400, wantMsg: "not by domain name"},
+		// The rules every API shares (sandbox.ValidateCreate), named as
+		// E2B's body names the fields.
+		{name: "too many envVars", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":` + jsonPairs(257, "v") + `}`, wantStatus: 400, wantMsg: "envVars has 257 variables (at most 256)"},
+		{name: "envVars value too long", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":{"A":"` + strings.Repeat("v", 32<<10+1) + `"}}`, wantStatus: 400, wantMsg: "envVars: the value of A is longer than 32768 bytes"},
+		{name: "too many metadata keys", path: "/v2/sandboxes", body: `{"templateID":"desktop","metadata":` + jsonPairs(65, "v") + `}`, wantStatus: 400, wantMsg: "metadata has 65 keys (at most 64)"},
+		{name: "metadata value too long", path: "/v2/sandboxes", body: `{"templateID":"desktop","metadata":{"k":"` + strings.Repeat("v", 1025) + `"}}`, wantStatus: 400, wantMsg: `metadata: the value of "k" is longer than 1024 bytes`},
+		{name: "metadata key with a control character", path: "/v2/sandboxes", body: `{"templateID":"desktop","metadata":{"a\nb":"v"}}`, wantStatus: 400, wantMsg: `metadata: "a\nb" is not a valid key`},
+		{name: "allowOut too long", path: "/v2/sandboxes", body: `{"templateID":"desktop","network":{"denyOut":["0.0.0.0/0"],"allowOut":` + jsonCIDRs(257) + `}}`, wantStatus: 400, wantMsg: "network.allowOut has 257 entries (at most 256)"},
+		{name: "allowOut entry not a CIDR", path: "/v2/sandboxes", body: `{"templateID":"desktop","network":{"denyOut":["0.0.0.0/0"],"allowOut":["10.0.0.0/8","10.0.0.0/33"]}}`, wantStatus: 400, wantMsg: `network.allowOut[1]: "10.0.0.0/33" is not an IP address or CIDR`},
 		{name: "body too large", path: "/v2/sandboxes", body: `{"templateID":"desktop","x":"` + strings.Repeat("a", maxBodyBytes) + `"}`, wantStatus: 413, wantMsg: "larger than"},
 	}
 	for _, tt := range tests {
@@ -670,6 +688,24 @@ func TestTemplateNames(t *testing.T) {
 			t.Errorf("e2bTemplate(%q) = %q, want %q", tt.tmpl, got, tt.want)
 		}
 	}
+}
+
+// jsonPairs returns a JSON object of n keys K0, K1, ... with value v.
+func jsonPairs(n int, v string) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf("%q:%q", fmt.Sprintf("K%d", i), v)
+	}
+	return "{" + strings.Join(parts, ",") + "}"
+}
+
+// jsonCIDRs returns a JSON array of n distinct /24 CIDRs.
+func jsonCIDRs(n int) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = fmt.Sprintf(`"10.%d.%d.0/24"`, i/256, i%256)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
 }
 
 // errReader fails every read, like a client that broke off mid-body.
