@@ -83,6 +83,9 @@ type Manager struct {
 	mu       sync.Mutex
 	entries  map[string]*entry
 	limiters map[string]*rate.Limiter // per owner, with OwnerCreateRate
+	// gaugeKeys are the (state, backend) series of cubicle_sandboxes set
+	// last, so that updateGaugesLocked can delete the ones that go away.
+	gaugeKeys map[[2]string]int
 
 	availMu sync.Mutex
 	avail   map[string]availability
@@ -490,9 +493,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	select {
 	case <-e.started:
 	case <-ctx.Done():
-		// The caller went away; the start goes on and the reaper or a
-		// later DELETE handles the sandbox.
-		return Sandbox{}, errdefs.New(errdefs.ErrTimeout, "create interrupted: %v", ctx.Err())
+		// The caller went away before the sandbox was ready: nobody will
+		// learn its ID, so nobody could use or destroy it, and it must not
+		// hold a slot (and its box) until the ready timeout. It is undone
+		// like a failed create, leaving nothing behind.
+		m.log.Info("create abandoned by its caller; undoing it", "sandbox", rec.Sandbox.ID, "err", ctx.Err())
+		m.teardown(e, "abandoned")
+		m.forget(rec.Sandbox.ID)
+		if err := m.store.delete(rec.Sandbox.ID); err != nil {
+			m.log.Warn("delete abandoned record", "sandbox", rec.Sandbox.ID, "err", err)
+		}
+		return Sandbox{}, errdefs.New(errdefs.ErrTimeout, "create interrupted before the sandbox was ready (%v); it was undone", ctx.Err())
 	}
 	sb := m.snapshot(e)
 	if sb.State != StateRunning {
@@ -959,14 +970,30 @@ func (m *Manager) updateGauges() {
 	m.updateGaugesLocked()
 }
 
+// allStates are the states the sandbox gauge reports for every backend.
+var allStates = []State{StateStarting, StateRunning, StateStopping, StateStopped, StateFailed}
+
+// updateGaugesLocked sets cubicle_sandboxes to the current counts. Each
+// series is set in place, never cleared first, so a scrape that runs
+// meanwhile sees the old count or the new one, not an empty gauge; series of
+// a backend that only old records name are deleted once none is left.
 func (m *Manager) updateGaugesLocked() {
-	m.m.Sandboxes.Reset()
+	counts := make(map[[2]string]int)
 	for name := range m.cfg.Drivers {
-		for _, s := range []State{StateStarting, StateRunning, StateStopping} {
-			m.m.Sandboxes.WithLabelValues(string(s), name).Set(0)
+		for _, s := range allStates {
+			counts[[2]string{string(s), name}] = 0
 		}
 	}
 	for _, e := range m.entries {
-		m.m.Sandboxes.WithLabelValues(string(e.rec.Sandbox.State), e.rec.Sandbox.Backend).Inc()
+		counts[[2]string{string(e.rec.Sandbox.State), e.rec.Sandbox.Backend}]++
 	}
+	for k, n := range counts {
+		m.m.Sandboxes.WithLabelValues(k[0], k[1]).Set(float64(n))
+	}
+	for k := range m.gaugeKeys {
+		if _, ok := counts[k]; !ok {
+			m.m.Sandboxes.DeleteLabelValues(k[0], k[1])
+		}
+	}
+	m.gaugeKeys = counts
 }

@@ -62,8 +62,9 @@ func (headlessAgent) Info(context.Context, *connect.Request[desktoppb.InfoReques
 type fakeDriver struct {
 	t        *testing.T
 	dir      string
-	headless bool  // boxes have no desktop
-	failErr  error // Create fails with this when set
+	headless   bool  // boxes have no desktop
+	neverReady bool  // boxes' desktops never become ready
+	failErr    error // Create fails with this when set
 	// stopFails is how many Stop calls fail (then succeed), as an
 	// unmount that is busy for a while would.
 	stopFails int
@@ -90,9 +91,12 @@ func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, 
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	if d.headless {
+	switch {
+	case d.neverReady:
+		mux.Handle(desktopconnect.NewDesktopHandler(desktopconnect.UnimplementedDesktopHandler{}))
+	case d.headless:
 		mux.Handle(desktopconnect.NewDesktopHandler(headlessAgent{}))
-	} else {
+	default:
 		mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{}))
 	}
 	srv := &http.Server{Handler: mux}
@@ -652,5 +656,95 @@ func TestRecordWithoutDesktop(t *testing.T) {
 		if err != nil || r.Sandbox.Desktop != c.want {
 			t.Errorf("decodeRecord(%s) = %+v, %v; want Desktop %v", c.json, r, err, c.want)
 		}
+	}
+}
+
+// TestSandboxGaugeNeverEmpty scrapes cubicle_sandboxes while the manager
+// updates it (as every state change of any sandbox does): each scrape must
+// see the one running sandbox, never a gauge that was cleared to be rebuilt.
+func TestSandboxGaugeNeverEmpty(t *testing.T) {
+	d := newFakeDriver(t)
+	m := newTestManager(t, d, t.TempDir(), wallClock{})
+	defer m.Close()
+	if _, err := m.Create(context.Background(), CreateRequest{}, true); err != nil {
+		t.Fatal(err)
+	}
+	running := func() float64 {
+		mfs, err := m.m.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "cubicle_sandboxes" {
+				continue
+			}
+			for _, metric := range mf.GetMetric() {
+				labels := map[string]string{}
+				for _, l := range metric.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				if labels["state"] == "running" && labels["backend"] == "gvisor" {
+					return metric.GetGauge().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				m.updateGauges()
+			}
+		}
+	}()
+	bad := 0
+	for i := 0; i < 3000; i++ {
+		if v := running(); v != 1 {
+			bad++
+		}
+	}
+	close(stop)
+	<-done
+	if bad > 0 {
+		t.Errorf("%d of 3000 scrapes saw other than 1 running sandbox", bad)
+	}
+}
+
+// TestAbandonedCreate checks that a create whose caller goes away before the
+// sandbox is ready is undone at once: it holds no slot and no box, and no
+// record of it remains (nobody learned its ID).
+func TestAbandonedCreate(t *testing.T) {
+	d := newFakeDriver(t)
+	d.neverReady = true
+	m := newTestManager(t, d, t.TempDir(), wallClock{})
+	defer m.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := m.Create(ctx, CreateRequest{}, true)
+	if !errors.Is(err, errdefs.ErrTimeout) {
+		t.Fatalf("create = %v, want ErrTimeout", err)
+	}
+	if n := m.Capacity().Running; n != 0 {
+		t.Errorf("%d slots held after the caller went away, want 0", n)
+	}
+	if n := d.live(); n != 0 {
+		t.Errorf("%d boxes left running", n)
+	}
+	if sbs := m.List(context.Background(), Filter{}); len(sbs) != 0 {
+		t.Errorf("sandboxes listed: %+v", sbs)
+	}
+	if recs, err := m.store.all(); err != nil || len(recs) != 0 {
+		t.Errorf("records stored: %d, %v", len(recs), err)
+	}
+	// The slot is free for the next create.
+	d.neverReady = false
+	if _, err := m.Create(context.Background(), CreateRequest{}, true); err != nil {
+		t.Errorf("next create: %v", err)
 	}
 }
