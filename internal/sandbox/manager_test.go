@@ -60,8 +60,8 @@ func (headlessAgent) Info(context.Context, *connect.Request[desktoppb.InfoReques
 }
 
 type fakeDriver struct {
-	t        *testing.T
-	dir      string
+	t          *testing.T
+	dir        string
 	headless   bool  // boxes have no desktop
 	neverReady bool  // boxes' desktops never become ready
 	failErr    error // Create fails with this when set
