@@ -1,0 +1,141 @@
+package procwatch
+
+import (
+	"os/exec"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestParseStat(t *testing.T) {
+	tail := " S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242 20 21"
+	for _, c := range []struct {
+		stat string
+		want uint64
+		ok   bool
+	}{
+		{"12 (sleep)" + tail, 4242, true},
+		// A process names itself: ")" and spaces in the name must not
+		// shift the fields.
+		{"12 (a) S 9 (b)" + tail, 4242, true},
+		{"12 (x y z)" + tail, 4242, true},
+		{"12 (zombie) Z 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242", 0, false},
+		{"12 (dead) X 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 4242", 0, false},
+		{"12 (short) S 1 2", 0, false},
+		{"no parenthesis", 0, false},
+		{"12 (bad) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 notanumber", 0, false},
+	} {
+		got, ok := parseStat([]byte(c.stat))
+		if got != c.want || ok != c.ok {
+			t.Errorf("parseStat(%q) = %d, %v; want %d, %v", c.stat, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// child starts `sleep 60` and returns it; the test reaps it.
+func child(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+func waitDead(t *testing.T, w *Watcher, within time.Duration) {
+	t.Helper()
+	select {
+	case <-w.Dead():
+	case <-time.After(within):
+		t.Fatalf("Dead not closed within %s", within)
+	}
+}
+
+func notDead(t *testing.T, w *Watcher, during time.Duration) {
+	t.Helper()
+	select {
+	case <-w.Dead():
+		t.Fatal("Dead closed while the process runs")
+	case <-time.After(during):
+	}
+}
+
+func TestWatchSeesTheEnd(t *testing.T) {
+	cmd := child(t)
+	p, err := Lookup(cmd.Process.Pid)
+	if err != nil || !p.Alive() || p.StartTime == 0 {
+		t.Fatalf("Lookup = %+v, %v", p, err)
+	}
+	w := Watch(p, Options{})
+	defer w.Stop()
+	notDead(t, w, 400*time.Millisecond)
+	cmd.Process.Signal(syscall.SIGKILL)
+	// Not reaped yet: a zombie is an ended process.
+	waitDead(t, w, 2*time.Second)
+	if p.Alive() {
+		t.Error("Alive of a zombie")
+	}
+	cmd.Wait()
+	if _, err := Lookup(cmd.Process.Pid); err == nil {
+		t.Error("Lookup of a reaped pid succeeded")
+	}
+}
+
+// TestWatchAnotherProcessWithThePid checks that a process is told from a
+// later one given its pid: a recorded start time that does not match is a
+// process that has ended.
+func TestWatchAnotherProcessWithThePid(t *testing.T) {
+	cmd := child(t)
+	p, err := Lookup(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := Process{Pid: p.Pid, StartTime: p.StartTime - 1}
+	if old.Alive() {
+		t.Error("Alive with another start time")
+	}
+	w := Watch(old, Options{})
+	defer w.Stop()
+	waitDead(t, w, time.Second)
+}
+
+func TestWatchStop(t *testing.T) {
+	cmd := child(t)
+	p, _ := Lookup(cmd.Process.Pid)
+	var ticks atomic.Int32
+	w := Watch(p, Options{Every: func() { ticks.Add(1) }, Interval: 100 * time.Millisecond})
+	time.Sleep(900 * time.Millisecond)
+	w.Stop()
+	w.Stop() // twice is fine
+	if n := ticks.Load(); n < 2 {
+		t.Errorf("Every ran %d times in 900 ms at 100 ms, want several", n)
+	}
+	select {
+	case <-w.Dead():
+		t.Error("Dead closed by Stop")
+	default:
+	}
+}
+
+func TestWatchExited(t *testing.T) {
+	cmd := child(t)
+	p, _ := Lookup(cmd.Process.Pid)
+	exited := make(chan struct{})
+	w := Watch(p, Options{Exited: exited})
+	defer w.Stop()
+	notDead(t, w, 300*time.Millisecond)
+	close(exited)
+	waitDead(t, w, time.Second)
+}
+
+func TestWatchGone(t *testing.T) {
+	cmd := child(t)
+	pid := cmd.Process.Pid
+	cmd.Process.Kill()
+	cmd.Wait()
+	w := Watch(Process{Pid: pid}, Options{})
+	defer w.Stop()
+	waitDead(t, w, time.Second)
+}
