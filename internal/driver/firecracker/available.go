@@ -9,32 +9,60 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
 )
 
-// Host facts Available reads; variables so tests can point them elsewhere.
-var (
-	cpuinfoPath = "/proc/cpuinfo"
-	kvmPath     = "/dev/kvm"
-	pvmModule   = "/sys/module/kvm_pvm"
-)
+// hostFacts are the host files Available reads to judge KVM; tests point
+// a driver at others.
+type hostFacts struct {
+	cpuinfo string // /proc/cpuinfo
+	kvm     string // /dev/kvm
+	pvm     string // /sys/module/kvm_pvm
+}
+
+var realHost = hostFacts{cpuinfo: "/proc/cpuinfo", kvm: "/dev/kvm", pvm: "/sys/module/kvm_pvm"}
+
+// MinVersion is the oldest Firecracker release the driver runs: the
+// guest finds its virtio devices through the ACPI tables Firecracker 1.8.0
+// added (see the package documentation).
+var MinVersion = version{1, 8, 0}
 
 // Available checks everything a VM needs and, when something is missing,
-// says all of it: the firecracker and jailer binaries (and that they run),
-// root, an unprivileged uid/gid for the VMM, and a KVM that can boot a standard guest kernel. /dev/kvm merely
+// says all of it: the firecracker and jailer binaries (they run, are of one
+// release, MinVersion or newer), root, an unprivileged uid/gid for the
+// VMM, and a KVM that can boot a standard guest kernel. /dev/kvm merely
 // existing is not enough: on a host that is itself a VM without nested
 // virtualization, /dev/kvm may be PVM (kvm_pvm, a paravirtual KVM without
 // vmx/svm) on which an ordinary guest kernel does not boot, so the CPU must
-// show vmx or svm and the KVM module must not be kvm_pvm.
+// show vmx or svm and the KVM module must not be kvm_pvm. When all that
+// holds, a probe boot of Config.ProbeImage's kernel must reach the guest's
+// init (once per driver; see probe): only then is the backend available,
+// and "auto" may pick it.
 func (d *Driver) Available(ctx context.Context) error {
 	var why []string
+	vers := map[string]version{}
 	for _, b := range []struct{ name, path string }{{"firecracker", d.cfg.FirecrackerBin}, {"jailer", d.cfg.JailerBin}} {
-		if _, err := binaryVersion(ctx, b.path); err != nil {
+		out, err := binaryVersion(ctx, b.path)
+		if err != nil {
 			why = append(why, fmt.Sprintf("%s binary: %v (deploy/provision.sh installs the pinned release)", b.name, err))
+			continue
 		}
+		v, err := parseVersion(out)
+		switch {
+		case err != nil:
+			why = append(why, fmt.Sprintf("%s binary %s: %v", b.name, b.path, err))
+		case v.less(MinVersion):
+			why = append(why, fmt.Sprintf("%s binary %s is %s; Firecracker %s or newer is needed (its guests find their devices through ACPI, added in 1.8.0; deploy/provision.sh installs the pinned release)", b.name, b.path, v, MinVersion))
+		default:
+			vers[b.name] = v
+		}
+	}
+	if fc, j := vers["firecracker"], vers["jailer"]; len(vers) == 2 && fc != j {
+		why = append(why, fmt.Sprintf("firecracker %s and jailer %s are from different releases", fc, j))
 	}
 	if !strings.Contains(filepath.Base(d.cfg.FirecrackerBin), "firecracker") {
 		why = append(why, fmt.Sprintf("firecracker binary %s: the jailer requires its file name to contain \"firecracker\"", d.cfg.FirecrackerBin))
@@ -45,9 +73,9 @@ func (d *Driver) Available(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		why = append(why, fmt.Sprintf("the jailer needs root (euid %d)", os.Geteuid()))
 	}
-	cpuinfo, _ := os.ReadFile(cpuinfoPath)
-	_, pvmErr := os.Stat(pvmModule)
-	if err := checkKVM(cpuinfo, pvmErr == nil, openKVM()); err != nil {
+	cpuinfo, _ := os.ReadFile(d.host.cpuinfo)
+	_, pvmErr := os.Stat(d.host.pvm)
+	if err := checkKVM(cpuinfo, pvmErr == nil, openKVM(d.host.kvm)); err != nil {
 		why = append(why, err.Error())
 	}
 	if len(why) > 0 {
@@ -56,7 +84,57 @@ func (d *Driver) Available(ctx context.Context) error {
 	if err := os.MkdirAll(d.cfg.ChrootBase, 0o711); err != nil {
 		return fmt.Errorf("%s: %w: chroot base: %v", d.Name(), driver.ErrUnavailable, err)
 	}
+	if err := d.probe(ctx); err != nil {
+		return fmt.Errorf("%s: %w: %v", d.Name(), driver.ErrUnavailable, err)
+	}
 	return nil
+}
+
+// version is a Firecracker release number.
+type version struct{ major, minor, patch int }
+
+func (v version) String() string { return fmt.Sprintf("v%d.%d.%d", v.major, v.minor, v.patch) }
+
+func (v version) less(o version) bool {
+	if v.major != o.major {
+		return v.major < o.major
+	}
+	if v.minor != o.minor {
+		return v.minor < o.minor
+	}
+	return v.patch < o.patch
+}
+
+// parseVersion reads the release from the first line of `firecracker
+// --version` or `jailer --version` ("Firecracker v1.10.1", "Jailer
+// v1.10.1"; a suffix such as "-dev" is ignored).
+func parseVersion(out string) (version, error) {
+	line, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	for _, f := range strings.Fields(line) {
+		s, ok := strings.CutPrefix(f, "v")
+		if !ok {
+			continue
+		}
+		s, _, _ = strings.Cut(s, "-")
+		p := strings.Split(s, ".")
+		if len(p) != 3 {
+			continue
+		}
+		var v [3]int
+		bad := false
+		for i, x := range p {
+			n, err := strconv.Atoi(x)
+			if err != nil || n < 0 {
+				bad = true
+				break
+			}
+			v[i] = n
+		}
+		if !bad {
+			return version{v[0], v[1], v[2]}, nil
+		}
+	}
+	return version{}, fmt.Errorf("--version printed %q, not a release number vX.Y.Z", line)
 }
 
 // Versions returns the output of `firecracker --version` and `jailer
@@ -83,9 +161,10 @@ func binaryVersion(ctx context.Context, path string) (string, error) {
 	return line, nil
 }
 
-// openKVM returns why /dev/kvm cannot be opened read-write, or nil.
-func openKVM() error {
-	f, err := os.OpenFile(kvmPath, os.O_RDWR, 0)
+// openKVM returns why the KVM device at path cannot be opened read-write,
+// or nil.
+func openKVM(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return err
 	}

@@ -183,7 +183,7 @@ func (b *box) Stop(ctx context.Context) error {
 	case <-b.dead:
 	default:
 		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
-		err := sendCtrlAltDel(actx, newClient(b.data.APISocket))
+		err := sendCtrlAltDel(actx, newAPIClient(b.data.APISocket))
 		acancel()
 		if err == nil {
 			select {
@@ -290,7 +290,7 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 	b := newBox(d, data)
 	if b.sameProcess() {
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := newClient(data.APISocket).GetInstanceInfo(actx)
+		_, err := newAPIClient(data.APISocket).instanceInfo(actx)
 		cancel()
 		if err == nil {
 			d.register(b)
@@ -306,24 +306,10 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 
 // Cleanup kills every Firecracker process running in a jail of this
 // driver and removes every jail directory and cgroup whose sandbox ID is
-// not in keep.
+// not in keep; it also ends what an interrupted probe boot left. The
+// processes go first: a jail is never removed under a running VM.
 func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
-	var errs []error
-	ids := map[string]bool{}
-	for id, pids := range jailedProcesses(d.jailBase()) {
-		if keep[id] {
-			continue
-		}
-		ids[id] = true
-		for _, pid := range pids {
-			if st, ok := processStart(pid); ok {
-				b := &box{data: boxData{ID: id, Pid: pid, StartTime: st}}
-				if err := b.kill(); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		}
-	}
+	ids, errs := killJailed(d.jailBase(), keep)
 	ents, err := os.ReadDir(d.jailBase())
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
@@ -342,32 +328,57 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 			errs = append(errs, err)
 		}
 	}
+	// Probe boots run under probeState's lock; none is half done while
+	// this holds it.
+	d.probeState.mu.Lock()
+	defer d.probeState.mu.Unlock()
+	_, perrs := killJailed(filepath.Join(d.probeBase(), d.execName()), nil)
+	errs = append(errs, perrs...)
+	if err := os.RemoveAll(d.probeBase()); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
-// jailedProcesses returns, by sandbox ID, the processes whose root
-// directory is a chroot under base (BASE/ID/root) — jailed Firecrackers,
-// found even when their jail directory is already gone.
-func jailedProcesses(base string) map[string][]int {
-	out := map[string][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
+// killJailed kills the processes in every jail under base whose ID is not
+// in keep, and returns those IDs.
+func killJailed(base string, keep map[string]bool) (map[string]bool, []error) {
+	var errs []error
+	ids := map[string]bool{}
+	for id, pids := range jailedProcesses(base) {
+		if keep[id] {
 			continue
 		}
-		root, err := os.Readlink(filepath.Join("/proc", e.Name(), "root"))
-		if err != nil {
-			continue
+		ids[id] = true
+		for _, pid := range pids {
+			if st, ok := processStart(pid); ok {
+				b := &box{data: boxData{ID: id, Pid: pid, StartTime: st}}
+				if err := b.kill(); err != nil {
+					errs = append(errs, err)
+				}
+			}
 		}
-		root = strings.TrimSuffix(root, " (deleted)")
-		rel, ok := strings.CutPrefix(root, base+"/")
-		if !ok {
-			continue
-		}
-		id, rest, _ := strings.Cut(rel, "/")
-		if rest == "root" && validID(id) == nil {
-			out[id] = append(out[id], pid)
+	}
+	return ids, errs
+}
+
+// strays lists what of the VM data describes is still on the host: its
+// Firecracker process, any process in its jail, the jail directory, its
+// cgroups. After Stop it must be empty; tests check that.
+func (d *Driver) strays(data boxData) []string {
+	var out []string
+	if st, ok := processStart(data.Pid); ok && st == data.StartTime {
+		out = append(out, fmt.Sprintf("firecracker pid %d still running", data.Pid))
+	}
+	if pids := jailedProcesses(d.jailBase())[data.ID]; len(pids) > 0 {
+		out = append(out, fmt.Sprintf("processes %v still in its jail", pids))
+	}
+	if _, err := os.Lstat(data.JailDir); !errors.Is(err, os.ErrNotExist) {
+		out = append(out, fmt.Sprintf("jail %s still there (%v)", data.JailDir, err))
+	}
+	for _, c := range data.Cgroups {
+		if _, err := os.Lstat(c); !errors.Is(err, os.ErrNotExist) {
+			out = append(out, fmt.Sprintf("cgroup %s still there", c))
 		}
 	}
 	return out

@@ -103,6 +103,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		}
 	}
 
+	if n := spec.Net; n != nil && n.TAP != "" {
+		if err := d.giveTAP(n.Netns, n.TAP, uid, gid); err != nil {
+			return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+		}
+	}
+
 	version := d.cgroupVersion()
 	netns := ""
 	if spec.Net != nil {
@@ -128,7 +134,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		b.kill()
 		b.stopWatch()
 	})
-	c := newClient(b.data.APISocket)
+	c := newAPIClient(b.data.APISocket)
 	if err := waitAPI(ctx, c, b.dead); err != nil {
 		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, hostfile.Tail(p.Console, 20))
 	}

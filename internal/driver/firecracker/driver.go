@@ -3,19 +3,31 @@
 // around the VMM. Only cmd/cubicled and tests import it; the manager sees it
 // as a driver.Driver (and a driver.Accelerator).
 //
-// # Why the SDK, and which parts of it
+// # The API client, and why not the SDK
 //
-// The driver uses github.com/firecracker-microvm/firecracker-go-sdk, the Go
-// SDK maintained by the Firecracker team, for two things: its typed client
-// of Firecracker's REST API (generated from Firecracker's own swagger file,
-// so request paths and bodies cannot drift from what Firecracker parses) and
-// its jailer command builder. It does not use the SDK's Machine type: a
-// Machine owns the VMM as a child of the calling process for its whole life
-// (it kills it when Start's context ends, forwards the daemon's signals to
-// it, and cannot re-attach after a restart), while cubicle's VMs must outlive
-// a daemon restart and be adopted again from a pid and a socket. So this
-// package starts the jailer itself, in its own session, and drives the API
-// conversation with the SDK client — the same code path for Create and Adopt.
+// The driver speaks Firecracker's REST API with a small client of its own
+// (api.go): typed requests for the eight calls it makes, over the API unix
+// socket, each bounded by the caller's context. It used the Go SDK
+// (firecracker-go-sdk) for that before, and only its generated client and
+// jailer argument builder; the SDK's Machine type cannot be used at all,
+// since it owns the VMM as a child of the calling process (it kills it when
+// Start's context ends and cannot re-attach after a restart), while
+// cubicle's VMs must outlive a daemon restart and be adopted again from a
+// pid and a socket. The client was not worth what came with it: go-openapi
+// (eight modules), mongo-driver, logrus, CNI and more in every cubicled,
+// and a per-request timeout of its own — 500 ms, 250 ms for drives, unless
+// FIRECRACKER_GO_SDK_REQUEST_TIMEOUT_MILLISECONDS says otherwise — which an
+// InstanceStart on a loaded host outlasts. What the generated code
+// guaranteed, requests that match Firecracker's API description, is
+// checked instead by the tests: the fake Firecracker validates every
+// request against the facts of Firecracker's swagger file
+// (apispec_test.go).
+//
+// Firecracker 1.8 or newer is required (MinVersion): the guest kernel
+// loads virtio_mmio as a module, which takes its devices from the ACPI
+// tables Firecracker 1.8 added, not from the virtio_mmio.device=
+// parameters on the command line (modprobe would pass those to the module;
+// the VM's init loads modules itself).
 //
 // # What a VM is made of
 //
@@ -73,7 +85,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/firecracker-microvm/firecracker-go-sdk/client/models"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
@@ -114,26 +125,20 @@ type RateLimit struct {
 }
 
 // model returns the limiter as Firecracker's API model, nil when unlimited.
-func (r RateLimit) model() *models.RateLimiter {
-	bucket := func(rate, burst int64) *models.TokenBucket {
+func (r RateLimit) model() *apiRateLimiter {
+	bucket := func(rate, burst int64) *apiTokenBucket {
 		if rate <= 0 {
 			return nil
 		}
 		// A bucket of `rate` tokens refilled over 1000 ms is `rate` per second.
-		b := &models.TokenBucket{Size: ptr(rate), RefillTime: ptr(int64(1000))}
-		if burst > 0 {
-			b.OneTimeBurst = ptr(burst)
-		}
-		return b
+		return &apiTokenBucket{Size: rate, RefillTime: 1000, OneTimeBurst: max(burst, 0)}
 	}
 	bw, ops := bucket(r.BytesPerSec, r.BurstBytes), bucket(r.OpsPerSec, r.BurstOps)
 	if bw == nil && ops == nil {
 		return nil
 	}
-	return &models.RateLimiter{Bandwidth: bw, Ops: ops}
+	return &apiRateLimiter{Bandwidth: bw, Ops: ops}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // BootFiles are the files a VM boots from, resolved from a Spec's image.
 type BootFiles struct {
@@ -156,8 +161,8 @@ type Config struct {
 	// UID and GID are what the jailer drops to before exec'ing Firecracker:
 	// a dedicated, unprivileged user (deploy/provision.sh makes cubicle-vm).
 	UID, GID int
-	// NumaNode is the NUMA node the VMs are pinned to (the SDK's jailer
-	// builder always pins to one: cpuset.mems and cpuset.cpus of the node).
+	// NumaNode is the NUMA node the VMs are pinned to (cpuset.mems and
+	// cpuset.cpus of the node, when the host shows its cpulist).
 	NumaNode int
 	// ParentCgroup is the jailer's --parent-cgroup (default
 	// DefaultParentCgroup); each VM gets PARENT/ID.
@@ -196,6 +201,14 @@ type Config struct {
 	// console without end, so the file is emptied when it grows past this
 	// (default DefaultConsoleMaxBytes).
 	ConsoleMaxBytes int64
+	// ProbeImage returns the rootfs path of the image (as image.Lookup
+	// gives it) whose kernel Available boots once, with the VMs' jailer,
+	// user and Firecracker, before it reports the backend usable: KVM can
+	// be there and still not run a guest. nil means no probe, and the
+	// backend is never available.
+	ProbeImage func() (string, error)
+	// ProbeTimeout bounds that probe boot (default DefaultProbeTimeout).
+	ProbeTimeout time.Duration
 }
 
 // launcher starts the jailer command and returns the host pid of the
@@ -208,6 +221,11 @@ type launcher func(ctx context.Context, cmd *exec.Cmd, p paths) (int, error)
 type Driver struct {
 	cfg    Config
 	launch launcher
+	host   hostFacts
+	// giveTAP is ownTAP; tests whose TAPs do not exist replace it.
+	giveTAP func(netnsPath, name string, uid, gid int) error
+
+	probeState probeState
 
 	mu    sync.Mutex
 	boxes map[string]*box // live boxes, for metrics
@@ -254,11 +272,15 @@ func New(cfg Config) *Driver {
 	if cfg.ConsoleMaxBytes <= 0 {
 		cfg.ConsoleMaxBytes = DefaultConsoleMaxBytes
 	}
-	d := &Driver{cfg: cfg, boxes: map[string]*box{}}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
+	d := &Driver{cfg: cfg, boxes: map[string]*box{}, host: realHost}
 	if d.cfg.Resolve == nil {
 		d.cfg.Resolve = d.imageFiles
 	}
 	d.launch = d.launchJailer
+	d.giveTAP = ownTAP
 	return d
 }
 

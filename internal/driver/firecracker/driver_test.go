@@ -3,6 +3,7 @@ package firecracker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/netip"
 	"os"
@@ -67,6 +68,13 @@ func newFakeDriver(t *testing.T, fake *fakeFirecracker, cfg Config) *Driver {
 	}
 	d := New(cfg)
 	d.launch = fake.launch
+	// The specs' TAPs do not exist: record what the VMM's user is given.
+	d.giveTAP = func(netnsPath, name string, uid, gid int) error {
+		fake.mu.Lock()
+		defer fake.mu.Unlock()
+		fake.tapsGiven = append(fake.tapsGiven, fmt.Sprintf("%s %s %d:%d", netnsPath, name, uid, gid))
+		return nil
+	}
 	return d
 }
 
@@ -155,6 +163,9 @@ func TestCreateAPIConversation(t *testing.T) {
 	got, _ := os.ReadFile(p.host(diskName))
 	if len(got) != 64<<20 || string(got[1024:1034]) != "superblock" || string(got[32<<20:32<<20+11]) != "data at 32M" {
 		t.Errorf("disk copy differs from the image's disk")
+	}
+	if want := []string{fmt.Sprintf("/run/netns/cubicle-fc1 tap-fc1 %d:%d", os.Getuid(), os.Getgid())}; !cmp.Equal(want, fake.tapsGiven) {
+		t.Errorf("TAPs given to the VMM's user: %q, want %q", fake.tapsGiven, want)
 	}
 	// The jailer's command line as launched.
 	if !strings.Contains(strings.Join(fake.args, " "), "--id fc1 ") || !strings.Contains(strings.Join(fake.args, " "), "--netns /run/netns/cubicle-fc1") {
@@ -354,7 +365,7 @@ func TestRateLimitModel(t *testing.T) {
 		t.Error("zero RateLimit gives a limiter")
 	}
 	m := RateLimit{OpsPerSec: 5}.model()
-	if m.Bandwidth != nil || *m.Ops.Size != 5 || *m.Ops.RefillTime != 1000 || m.Ops.OneTimeBurst != nil {
+	if m.Bandwidth != nil || m.Ops.Size != 5 || m.Ops.RefillTime != 1000 || m.Ops.OneTimeBurst != 0 {
 		t.Errorf("ops-only limiter: %+v", m.Ops)
 	}
 }
@@ -398,5 +409,32 @@ func waitGone(t *testing.T, pid int) {
 		if time.Now().After(deadline) {
 			t.Fatalf("stand-in VMM pid %d still alive", pid)
 		}
+	}
+}
+
+// TestStopLeavesNothing: Stop of a VM whose guest ignores Ctrl-Alt-Del
+// kills the VMM — a real process pivot_root'ed into its jail, as the
+// jailer leaves Firecracker — and leaves nothing of it on the host: no
+// process in its jail or by its pid, no jail (strays, which the
+// real-Firecracker test checks too).
+func TestStopLeavesNothing(t *testing.T) {
+	fake := newFake(t)
+	fake.pivot, fake.ignoreCtrlAltDel = true, true
+	d := newFakeDriver(t, fake, Config{})
+	d.cfg.StopTimeout = 200 * time.Millisecond
+	spec := testSpec(testImage(t))
+	b, err := d.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := b.(*box).data
+	if s := d.strays(data); len(s) == 0 {
+		t.Fatal("strays of a running VM: none; the check sees nothing")
+	}
+	if err := b.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if s := d.strays(data); len(s) > 0 {
+		t.Errorf("left after Stop: %s", strings.Join(s, "; "))
 	}
 }

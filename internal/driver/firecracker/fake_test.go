@@ -31,16 +31,27 @@ import (
 // standing in for the agent on port 1024. On SendCtrlAltDel it kills the
 // stand-in process, as a guest reboot ends Firecracker.
 type fakeFirecracker struct {
-	t     *testing.T
-	root  string // the chroot (host path)
-	fail  map[string]string
-	mu    sync.Mutex
-	reqs  []request
-	args  []string // jailer command line the driver launched
-	proc  *exec.Cmd
-	srv   *http.Server
-	vsock net.Listener
-	wg    sync.WaitGroup
+	t    *testing.T
+	root string // the chroot (host path)
+	fail map[string]string
+	// onRequest, when set, acts out a valid request the way Firecracker
+	// would (e.g. open the TAP a network interface names); an error is
+	// answered as Firecracker's 400.
+	onRequest func(method, path string, body any) error
+	tapsGiven []string // the driver's giveTAP calls: "NETNS TAP UID:GID"
+	// pivot makes the stand-in VMM a process pivot_root'ed into the jail
+	// as the jailer leaves Firecracker (startPivoted), instead of a sleep.
+	pivot bool
+	// ignoreCtrlAltDel makes SendCtrlAltDel do nothing, as with a guest
+	// that does not shut down: only a kill ends the VMM then.
+	ignoreCtrlAltDel bool
+	mu               sync.Mutex
+	reqs             []request
+	args             []string // jailer command line the driver launched
+	proc             *exec.Cmd
+	srv              *http.Server
+	vsock            net.Listener
+	wg               sync.WaitGroup
 }
 
 // request is one recorded API request; Body is the decoded JSON body.
@@ -65,6 +76,9 @@ func (f *fakeFirecracker) launch(_ context.Context, cmd *exec.Cmd, p paths) (int
 	f.mu.Unlock()
 	if err := f.serve(p.host(apiSockName)); err != nil {
 		return 0, err
+	}
+	if f.pivot {
+		return startPivoted(f.t, p.Root).vmm, nil
 	}
 	proc := exec.Command("sleep", "600")
 	if err := proc.Start(); err != nil {
@@ -106,7 +120,21 @@ func (f *fakeFirecracker) handle(w http.ResponseWriter, r *http.Request) {
 	if ct := r.Header.Get("Content-Type"); len(data) > 0 && !strings.HasPrefix(ct, "application/json") {
 		f.t.Errorf("fake firecracker: %s %s: Content-Type %q", r.Method, r.URL.Path, ct)
 	}
+	if len(data) > 0 && (r.ContentLength != int64(len(data)) || len(r.TransferEncoding) > 0) {
+		f.t.Errorf("fake firecracker: %s %s: Content-Length %d, Transfer-Encoding %q: Firecracker needs a Content-Length", r.Method, r.URL.Path, r.ContentLength, r.TransferEncoding)
+	}
+	// What Firecracker's API description does not allow, Firecracker
+	// refuses with 400.
+	if probs := checkRequest(r.Method, r.URL.Path, data); len(probs) > 0 {
+		f.t.Errorf("fake firecracker: %s %s %s: not what Firecracker's API takes: %s", r.Method, r.URL.Path, data, strings.Join(probs, "; "))
+		fail, msg = true, strings.Join(probs, "; ")
+	}
 	w.Header().Set("Content-Type", "application/json")
+	if !fail && f.onRequest != nil {
+		if err := f.onRequest(r.Method, r.URL.Path, body); err != nil {
+			fail, msg = true, err.Error()
+		}
+	}
 	if fail {
 		w.WriteHeader(http.StatusBadRequest)
 		json.NewEncoder(w).Encode(map[string]string{"fault_message": msg})
@@ -125,7 +153,7 @@ func (f *fakeFirecracker) handle(w http.ResponseWriter, r *http.Request) {
 			}
 		case "SendCtrlAltDel":
 			f.mu.Lock()
-			if f.proc != nil {
+			if f.proc != nil && !f.ignoreCtrlAltDel {
 				f.proc.Process.Kill()
 			}
 			f.mu.Unlock()

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	sdk "github.com/firecracker-microvm/firecracker-go-sdk"
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
@@ -86,39 +85,42 @@ func (d *Driver) memoryLimit(memMB, cgroupVersion int) string {
 }
 
 // jailerCommand returns the jailer invocation for VM id with memMB of guest
-// memory, joining netns when it is not "". The base arguments come from the
-// SDK's builder; the builder knows nothing of --parent-cgroup, --cgroup
-// limits or --new-pid-ns, which go before its "--".
+// memory, joining netns when it is not "": the VM's identity, uid/gid and
+// chroot, its cgroups (PARENT/ID: the NUMA node's cpuset when the host
+// shows one, the memory limit), a new PID namespace, and after "--"
+// Firecracker's own arguments.
 func (d *Driver) jailerCommand(id, netns string, memMB, cgroupVersion int) *exec.Cmd {
-	b := sdk.NewJailerCommandBuilder().
-		WithBin(d.cfg.JailerBin).
-		WithID(id).
-		WithUID(d.cfg.UID).
-		WithGID(d.cfg.GID).
-		WithNumaNode(d.cfg.NumaNode).
-		WithExecFile(d.cfg.FirecrackerBin).
-		WithChrootBaseDir(d.cfg.ChrootBase).
-		WithCgroupVersion(strconv.Itoa(cgroupVersion)).
-		WithFirecrackerArgs("--api-sock", apiSockName)
-	if netns != "" {
-		b = b.WithNetNS(netns)
-	}
-	args := b.Args()
-	extra := []string{"--parent-cgroup", d.cfg.ParentCgroup}
+	args := d.jailerArgs(id, netns, cgroupVersion)
 	if lim := d.memoryLimit(memMB, cgroupVersion); lim != "" {
-		extra = append(extra, "--cgroup", lim)
+		args = append(args, "--cgroup", lim)
 	}
-	extra = append(extra, "--new-pid-ns")
-	i := len(args)
-	for j, a := range args {
-		if a == "--" {
-			i = j
-			break
-		}
-	}
-	args = append(args[:i:i], append(extra, args[i:]...)...)
+	args = append(args, "--new-pid-ns", "--", "--api-sock", apiSockName)
 	// Not CommandContext: the VM must outlive the request that made it.
-	return exec.Command(b.Bin(), args...) //depcheck:runs jailer
+	return exec.Command(d.cfg.JailerBin, args...)
+}
+
+// jailerArgs are the jailer arguments every VM of the driver (and its
+// probe boot) has, up to the cgroup limits.
+func (d *Driver) jailerArgs(id, netns string, cgroupVersion int) []string {
+	args := []string{"--id", id, "--uid", strconv.Itoa(d.cfg.UID), "--gid", strconv.Itoa(d.cfg.GID), "--exec-file", d.cfg.FirecrackerBin}
+	if cpus := numaCPUs(d.cfg.NumaNode); cpus != "" {
+		args = append(args, "--cgroup", fmt.Sprintf("cpuset.mems=%d", d.cfg.NumaNode), "--cgroup", "cpuset.cpus="+cpus)
+	}
+	args = append(args, "--cgroup-version", strconv.Itoa(cgroupVersion), "--chroot-base-dir", d.cfg.ChrootBase)
+	if netns != "" {
+		args = append(args, "--netns", netns)
+	}
+	return append(args, "--parent-cgroup", d.cfg.ParentCgroup)
+}
+
+// numaCPUs returns the CPU list of NUMA node n ("0-7"), or "" when the host
+// does not show it.
+func numaCPUs(n int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/sys/devices/system/node/node%d/cpulist", n))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // cgroupControllers returns the controllers named by the --cgroup

@@ -13,8 +13,13 @@ import (
 // the VMM on guest reboot (Firecracker has no power-off), reboot on panic,
 // no PCI probing (devices are virtio-mmio), no probing of i8042 parts beyond
 // the keyboard that SendCtrlAltDel needs, and — as under the qemu driver —
-// a quiet console and the CPU's RNG trusted for early entropy.
-const BaseKernelArgs = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd quiet loglevel=3 random.trust_cpu=on"
+// a quiet console and the CPU's RNG trusted for early entropy. Not
+// i8042.nopnp: since Firecracker 1.8 the guest finds the keyboard
+// controller through ACPI (PNP), and with nopnp it has none, so
+// SendCtrlAltDel does nothing and every Stop waits for StopTimeout and
+// kills (Firecracker dropped it from its own default command line in 1.11
+// for that reason).
+const BaseKernelArgs = "console=ttyS0 reboot=k panic=1 pci=off i8042.noaux i8042.nomux i8042.dumbkbd quiet loglevel=3 random.trust_cpu=on"
 
 // maxKernelArgs is what this driver lets its command line grow to: x86
 // Linux takes 2048 bytes and Firecracker appends its own parameters (root=,

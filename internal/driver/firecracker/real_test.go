@@ -2,16 +2,15 @@ package firecracker
 
 import (
 	"context"
-	"errors"
 	"os"
-	"os/exec"
 	"os/user"
-	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/drivertest"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
@@ -22,7 +21,7 @@ import (
 // machines that have no usable KVM and no Firecracker at all. Once
 // BACKEND=firecracker is set, every missing piece is a needs gate, so a
 // KVM host that is meant to run them cannot pass by skipping.
-func realFirecracker(t *testing.T) *Driver {
+func realFirecracker(t *testing.T) (*Driver, string) {
 	t.Helper()
 	if os.Getenv("BACKEND") != "firecracker" {
 		t.Skip("real-Firecracker test: runs only with BACKEND=firecracker on a KVM host (make e2e BACKEND=firecracker)")
@@ -41,14 +40,12 @@ func realFirecracker(t *testing.T) *Driver {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	needs.Command(t, "go")
-	agent := filepath.Join(t.TempDir(), "cubicle-agent")
-	build := exec.Command("go", "build", "-o", agent, "github.com/cubicle-dev/cubicle/cmd/cubicle-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build agent: %v\n%s", err, out)
-	}
-	d := New(Config{ChrootBase: base, UID: uid, GID: gid, AgentBinary: agent})
+	rootfs := drivertest.DesktopImage(t, true)
+	agent := drivertest.AgentBinary(t)
+	// The probe boot Available makes is the first real boot: it must
+	// pass here, on a KVM host.
+	d := New(Config{ChrootBase: base, UID: uid, GID: gid, AgentBinary: agent,
+		ProbeImage: func() (string, error) { return rootfs, nil }})
 	if err := d.Available(context.Background()); err != nil {
 		needs.Skip(t, "firecracker unavailable: %v", err)
 	}
@@ -57,22 +54,15 @@ func realFirecracker(t *testing.T) *Driver {
 			t.Errorf("final Cleanup: %v", err)
 		}
 	})
-	return d
+	return d, rootfs
 }
 
-// TestRealBoot boots the desktop image's VM form under real Firecracker,
-// waits for the agent on vsock, checks adoption by a second driver, and
-// stops it leaving nothing behind.
+// TestRealBoot boots the desktop image's VM form under real Firecracker
+// (after the probe boot Available makes), waits for the agent on vsock,
+// checks adoption by a second driver, and stops it leaving nothing
+// behind.
 func TestRealBoot(t *testing.T) {
-	d := realFirecracker(t)
-	dir := os.Getenv("CUBICLE_IMAGE_DIR")
-	if dir == "" {
-		dir = "/var/lib/cubicle/images"
-	}
-	rootfs := needs.Image(t, filepath.Join(dir, "desktop"))
-	if _, err := d.resolve(rootfs); err != nil {
-		needs.Skip(t, "image has no VM form: %v", err)
-	}
+	d, rootfs := realFirecracker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	b, err := d.Create(ctx, driver.Spec{ID: "fcreal1", Image: rootfs, VCPUs: 1, MemoryMB: 1024, Token: "feedface"})
@@ -104,13 +94,17 @@ func TestRealBoot(t *testing.T) {
 	default:
 	}
 	b.(*box).stopWatch()
+	data := nb.(*box).data
+	if s := d.strays(data); len(s) == 0 {
+		t.Fatal("strays of a running VM: none; the check below would see nothing")
+	}
 	if err := nb.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(d.paths("fcreal1").JailDir); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("jail left: %v", err)
-	}
-	if procs := jailedProcesses(d.jailBase()); len(procs) > 0 {
-		t.Errorf("jailed processes left: %v", procs)
+	// Firecracker (by pid and start time), any process in its jail (found
+	// by its mount table: the jailer pivot_roots, see jailproc.go), the
+	// jail, the cgroups: all gone.
+	if s := d.strays(data); len(s) > 0 {
+		t.Errorf("left after Stop: %s", strings.Join(s, "; "))
 	}
 }
