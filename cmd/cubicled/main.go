@@ -53,7 +53,8 @@ func main() {
 	}
 }
 
-// envOr returns the environment variable's value or def.
+// envOr returns the environment variable's value or def. Only for the
+// settings that have no flag; flags read their variables in parseConfig.
 func envOr(name, def string) string {
 	if v, ok := os.LookupEnv(name); ok && v != "" {
 		return v
@@ -61,73 +62,51 @@ func envOr(name, def string) string {
 	return def
 }
 
-func envDuration(name string, def time.Duration) time.Duration {
-	if v := os.Getenv(name); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
-		}
-	}
-	return def
-}
-
-func envFloat(name string, def float64) float64 {
-	if v := os.Getenv(name); v != "" {
-		if f, err := strconv.ParseFloat(v, 64); err == nil {
-			return f
-		}
-	}
-	return def
-}
-
-func envInt(name string, def int) int {
-	if v := os.Getenv(name); v != "" {
-		if n, err := strconv.Atoi(v); err == nil {
-			return n
-		}
-	}
-	return def
-}
-
 func run() error {
 	exe, _ := os.Executable()
+	fs := flag.CommandLine
 	var (
-		listen         = flag.String("listen", envOr("CUBICLE_LISTEN", "127.0.0.1:7171"), "address to serve the API on (CUBICLE_LISTEN)")
-		dataDir        = flag.String("data-dir", envOr("CUBICLE_DATA_DIR", "/var/lib/cubicle"), "store and per-sandbox state (CUBICLE_DATA_DIR)")
-		imageDir       = flag.String("image-dir", envOr("CUBICLE_IMAGE_DIR", "/var/lib/cubicle/images"), "built images (CUBICLE_IMAGE_DIR)")
-		defaultBackend = flag.String("default-backend", envOr("CUBICLE_DEFAULT_BACKEND", "auto"), "auto, qemu, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
-		maxSandboxes   = flag.Int("max-sandboxes", envInt("CUBICLE_MAX_SANDBOXES", 16), "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
-		keyMax         = flag.Int("key-max-sandboxes", envInt("CUBICLE_KEY_MAX_SANDBOXES", 0), "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
-		keyRate        = flag.Float64("key-create-rate", envFloat("CUBICLE_KEY_CREATE_RATE", 0), "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
-		maxInFlight    = flag.Int("sandbox-max-requests", envInt("CUBICLE_SANDBOX_MAX_REQUESTS", api.DefaultMaxInFlight), "requests to one sandbox in progress at once (screenshots, actions, commands, file transfers, live views, E2B data plane); 429 beyond; 0 = no bound (CUBICLE_SANDBOX_MAX_REQUESTS)")
-		diskMB         = flag.Int("disk-mb", envInt("CUBICLE_DISK_MB", 4096), "what one gvisor or runc sandbox may write to its root filesystem, in MiB: its writable layer is a sparse ext4 file of this size; 0 = unbounded (CUBICLE_DISK_MB)")
-		idleTimeout    = flag.Duration("idle-timeout", envDuration("CUBICLE_IDLE_TIMEOUT", 30*time.Minute), "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
-		maxLifetime    = flag.Duration("max-lifetime", envDuration("CUBICLE_MAX_LIFETIME", 60*time.Minute), "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
-		agentBin       = flag.String("agent-bin", envOr("CUBICLE_AGENT_BIN", filepath.Join(filepath.Dir(exe), "cubicle-agent")), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
-		readyTimeout   = flag.Duration("ready-timeout", envDuration("CUBICLE_READY_TIMEOUT", 3*time.Minute), "how long a create may take to a ready desktop (CUBICLE_READY_TIMEOUT)")
-		logLevel       = flag.String("log-level", envOr("CUBICLE_LOG_LEVEL", "info"), "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
-		netEnable      = flag.Bool("net", envOr("CUBICLE_NET", "") == "1", "give each sandbox a network: a netns/TAP on a cubicle bridge, an address, nftables egress policy; changes the host's network (CUBICLE_NET=1)")
-		netBridge      = flag.String("net-bridge", envOr("CUBICLE_NET_BRIDGE", netpool.DefaultBridge), "bridge owned by cubicle (CUBICLE_NET_BRIDGE)")
-		netCIDR        = flag.String("net-cidr", envOr("CUBICLE_NET_CIDR", netpool.DefaultCIDR), "IPv4 network sandboxes get addresses from; its first address is the bridge/gateway (CUBICLE_NET_CIDR)")
-		netDNS         = flag.String("net-dns", envOr("CUBICLE_NET_DNS", ""), "comma-separated DNS servers for sandboxes; reachable only under a sandbox's egress policy (CUBICLE_NET_DNS)")
-		novncDir       = flag.String("novnc-dir", envOr("CUBICLE_NOVNC_DIR", "/usr/local/share/cubicle/novnc"), "the @novnc/novnc package (its core/ and vendor/) served to the live-view page (CUBICLE_NOVNC_DIR)")
-		publicURL      = flag.String("public-url", envOr("CUBICLE_PUBLIC_URL", ""), "scheme://host[:port] that live-view links point at; default: the Host each request used (CUBICLE_PUBLIC_URL)")
-		viewOrigins    = flag.String("view-origins", envOr("CUBICLE_VIEW_ORIGINS", ""), "comma-separated extra Origin host patterns allowed to open live-view WebSockets (CUBICLE_VIEW_ORIGINS)")
-		viewKeepsAlive = flag.Bool("view-keeps-alive", envOr("CUBICLE_VIEW_KEEPS_ALIVE", "") == "1", "an open live view counts as activity for the idle timeout (CUBICLE_VIEW_KEEPS_ALIVE=1)")
-		e2bEnable      = flag.Bool("e2b", envOr("CUBICLE_E2B", "1") == "1", "serve E2B's control and data planes on the API port, for the unmodified e2b / @e2b/desktop SDKs (CUBICLE_E2B=0 turns it off)")
-		e2bDomain      = flag.String("e2b-domain", envOr("CUBICLE_E2B_DOMAIN", ""), "domain of E2B host routing: <port>-<sandbox>.<domain> reaches a sandbox's port (CUBICLE_E2B_DOMAIN)")
-		tlsListen      = flag.String("tls-listen", envOr("CUBICLE_TLS_LISTEN", ""), "also serve everything over TLS on this address, e.g. :443 (CUBICLE_TLS_LISTEN)")
-		tlsCert        = flag.String("tls-cert", envOr("CUBICLE_TLS_CERT", ""), "certificate (PEM, chain) for --tls-listen; a wildcard *.<e2b-domain> for E2B host routing (CUBICLE_TLS_CERT)")
-		tlsKey         = flag.String("tls-key", envOr("CUBICLE_TLS_KEY", ""), "private key (PEM) for --tls-listen (CUBICLE_TLS_KEY)")
-		showVersion    = flag.Bool("version", false, "print the version and exit")
+		level   = slog.LevelInfo
+		netCIDR = netip.MustParsePrefix(netpool.DefaultCIDR)
+		netDNS  []netip.Addr
 	)
-	flag.Parse()
-	if *showVersion {
+	var (
+		listen         = fs.String("listen", "127.0.0.1:7171", "address to serve the API on (CUBICLE_LISTEN)")
+		dataDir        = fs.String("data-dir", "/var/lib/cubicle", "store and per-sandbox state (CUBICLE_DATA_DIR)")
+		imageDir       = fs.String("image-dir", "/var/lib/cubicle/images", "built images (CUBICLE_IMAGE_DIR)")
+		defaultBackend = fs.String("default-backend", "auto", "auto, firecracker, qemu, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
+		maxSandboxes   = fs.Int("max-sandboxes", 16, "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
+		keyMax         = fs.Int("key-max-sandboxes", 0, "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
+		keyRate        = fs.Float64("key-create-rate", 0, "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
+		maxInFlight    = fs.Int("sandbox-max-requests", api.DefaultMaxInFlight, "requests to one sandbox in progress at once (screenshots, actions, commands, file transfers, live views, E2B data plane); 429 beyond; 0 = no bound (CUBICLE_SANDBOX_MAX_REQUESTS)")
+		diskMB         = fs.Int("disk-mb", 4096, "what one gvisor or runc sandbox may write to its root filesystem, in MiB: its writable layer is a sparse ext4 file of this size; 0 = unbounded (CUBICLE_DISK_MB)")
+		idleTimeout    = fs.Duration("idle-timeout", 30*time.Minute, "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
+		maxLifetime    = fs.Duration("max-lifetime", 60*time.Minute, "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
+		agentBin       = fs.String("agent-bin", filepath.Join(filepath.Dir(exe), "cubicle-agent"), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
+		readyTimeout   = fs.Duration("ready-timeout", 3*time.Minute, "how long a create may take to a ready desktop (CUBICLE_READY_TIMEOUT)")
+		netEnable      = fs.Bool("net", false, "give each sandbox a network: a netns/TAP on a cubicle bridge, an address, nftables egress policy; changes the host's network (CUBICLE_NET=1)")
+		netBridge      = fs.String("net-bridge", netpool.DefaultBridge, "bridge owned by cubicle (CUBICLE_NET_BRIDGE)")
+		novncDir       = fs.String("novnc-dir", "/usr/local/share/cubicle/novnc", "the @novnc/novnc package (its core/ and vendor/) served to the live-view page (CUBICLE_NOVNC_DIR)")
+		publicURL      = fs.String("public-url", "", "scheme://host[:port] that live-view links point at; default: the Host each request used (CUBICLE_PUBLIC_URL)")
+		viewOrigins    = fs.String("view-origins", "", "comma-separated extra Origin host patterns allowed to open live-view WebSockets (CUBICLE_VIEW_ORIGINS)")
+		viewKeepsAlive = fs.Bool("view-keeps-alive", false, "an open live view counts as activity for the idle timeout (CUBICLE_VIEW_KEEPS_ALIVE=1)")
+		e2bEnable      = fs.Bool("e2b", true, "serve E2B's control and data planes on the API port, for the unmodified e2b / @e2b/desktop SDKs (CUBICLE_E2B=0 turns it off)")
+		e2bDomain      = fs.String("e2b-domain", "", "domain of E2B host routing: <port>-<sandbox>.<domain> reaches a sandbox's port (CUBICLE_E2B_DOMAIN)")
+		tlsListen      = fs.String("tls-listen", "", "also serve everything over TLS on this address, e.g. :443 (CUBICLE_TLS_LISTEN)")
+		tlsCert        = fs.String("tls-cert", "", "certificate (PEM, chain) for --tls-listen; a wildcard *.<e2b-domain> for E2B host routing (CUBICLE_TLS_CERT)")
+		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-listen (CUBICLE_TLS_KEY)")
+		showVersion    = fs.Bool("version", false, "print the version and exit")
+	)
+	fs.Var(levelValue{&level}, "log-level", "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
+	fs.Var(prefixValue{&netCIDR}, "net-cidr", "IPv4 network sandboxes get addresses from; its first address is the bridge/gateway (CUBICLE_NET_CIDR)")
+	fs.Var(addrsValue{&netDNS}, "net-dns", "comma-separated DNS servers for sandboxes; reachable only under a sandbox's egress policy (CUBICLE_NET_DNS)")
+	conf, err := parseConfig(fs, os.Args[1:], os.Getenv)
+	if *showVersion && err == nil {
 		fmt.Println(version)
 		return nil
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if err != nil {
+		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
@@ -137,7 +116,7 @@ func run() error {
 	}
 	inFlight := inflight.New(*maxInFlight)
 	if *diskMB < 0 {
-		return fmt.Errorf("--disk-mb %d: want a size in MiB, or 0 for no limit", *diskMB)
+		return fmt.Errorf("%s: want a size in MiB, or 0 for no limit", conf.origin("disk-mb"))
 	}
 	lifetime := *maxLifetime
 	if lifetime == 0 {
@@ -163,12 +142,15 @@ func run() error {
 	})
 	fc := newFirecracker(*agentBin, *imageDir)
 	drivers["firecracker"] = fc
+	if _, ok := drivers[*defaultBackend]; !ok && *defaultBackend != "auto" {
+		return fmt.Errorf("%s: want auto, firecracker, qemu, gvisor or runc", conf.origin("default-backend"))
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	m := metrics.New()
 	m.Registry.MustRegister(fc.Collector())
-	netPool, err := newNetPool(ctx, *netEnable, *netBridge, *netCIDR, *netDNS, filepath.Join(*dataDir, "netpool"))
+	netPool, err := newNetPool(ctx, *netEnable, *netBridge, netCIDR, netDNS, filepath.Join(*dataDir, "netpool"))
 	if err != nil {
 		return err
 	}
@@ -249,7 +231,11 @@ func run() error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	log.Info("cubicled listening", "addr", ln.Addr().String(), "version", version, "default_backend", *defaultBackend)
+	// The settings that shape every sandbox, so an operator (and the
+	// configuration test) sees what the flags and variables came to.
+	log.Info("cubicled listening", "addr", ln.Addr().String(), "version", version, "default_backend", *defaultBackend,
+		"max_sandboxes", *maxSandboxes, "idle_timeout", idleTimeout.String(), "max_lifetime", maxLifetime.String(),
+		"ready_timeout", readyTimeout.String(), "disk_mb", *diskMB, "net", *netEnable, "e2b", *e2bEnable)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	var tlsSrv *http.Server
@@ -305,24 +291,9 @@ func isLoopback(addr string) bool {
 
 // newNetPool sets up sandbox networking when enabled; nil means sandboxes
 // have loopback only.
-func newNetPool(ctx context.Context, enable bool, bridge, cidrFlag, dnsFlag, stateDir string) (sandbox.NetPool, error) {
+func newNetPool(ctx context.Context, enable bool, bridge string, cidr netip.Prefix, dns []netip.Addr, stateDir string) (sandbox.NetPool, error) {
 	if !enable {
 		return nil, nil
-	}
-	cidr, err := netip.ParsePrefix(cidrFlag)
-	if err != nil {
-		return nil, fmt.Errorf("--net-cidr: %w", err)
-	}
-	var dns []netip.Addr
-	for _, s := range strings.Split(dnsFlag, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		a, err := netip.ParseAddr(s)
-		if err != nil {
-			return nil, fmt.Errorf("--net-dns: %w", err)
-		}
-		dns = append(dns, a)
 	}
 	p, err := netpool.New(ctx, netpool.Config{Bridge: bridge, CIDR: cidr, DNS: dns, StateDir: stateDir})
 	if err != nil {
