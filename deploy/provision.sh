@@ -22,6 +22,10 @@ set -euo pipefail
 FC_VERSION=v1.10.1
 FC_SHA256=36112969952b0e34fadcfca769d48a55dc22cbba99af17e02bd0e24fc35adc77
 FC_URL=https://github.com/firecracker-microvm/firecracker/releases/download/${FC_VERSION}/firecracker-${FC_VERSION}-x86_64.tgz
+# The oldest release cubicle runs (internal/driver/firecracker MinVersion):
+# its guests find their virtio devices through the ACPI tables Firecracker
+# added in v1.8.0.
+FC_MIN_VERSION=v1.8.0
 
 PREFIX=/usr/local/bin
 SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
@@ -121,6 +125,16 @@ else
   "$PREFIX/firecracker" --version | head -n1
   "$PREFIX/jailer" --version | head -n1
 fi
+
+# The daemon refuses an older Firecracker, or a jailer of another release;
+# say so here rather than at the first sandbox.
+fc_release() { "$1" --version 2>/dev/null | head -n1 | grep -oE 'v[0-9]+\.[0-9]+\.[0-9]+' | head -n1; }
+fc_have=$(fc_release "$PREFIX/firecracker" || true)
+jailer_have=$(fc_release "$PREFIX/jailer" || true)
+[ -n "$fc_have" ] || die "$PREFIX/firecracker --version names no release"
+[ "$(printf '%s\n%s\n' "$FC_MIN_VERSION" "$fc_have" | sort -V | head -n1)" = "$FC_MIN_VERSION" ] ||
+  die "firecracker $fc_have is older than $FC_MIN_VERSION, the oldest cubicle runs"
+[ "$jailer_have" = "$fc_have" ] || die "jailer ${jailer_have:-?} and firecracker $fc_have are from different releases"
 
 # --- kernel modules and sysctls ---------------------------------------------
 modules=(tun vhost_vsock br_netfilter overlay)
