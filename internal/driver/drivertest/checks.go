@@ -119,7 +119,9 @@ func (s *suite) screenshot(t *testing.T, sb *sbox) {
 	t0 := time.Now()
 	if !s.waitPixel(t, sb, red, s.cfg.readyTimeout) {
 		s.keep(t, sb, "unpainted")
-		t.Fatalf("the start page never painted (no %v at %d,%d in %s)", red, probeX, probeY, s.cfg.readyTimeout)
+		titles, _ := s.waitTitle(t, sb, "drivertest ready", 0)
+		s.logBox(t, sb)
+		t.Fatalf("the start page never painted (no %v at %d,%d in %s; window titles: %s)", red, probeX, probeY, s.cfg.readyTimeout, titles)
 	}
 	t.Logf("start page painted %s after the desktop was ready", time.Since(t0).Round(time.Millisecond))
 	tests := []struct {
@@ -175,7 +177,8 @@ func (s *suite) screenshot(t *testing.T, sb *sbox) {
 // click turns it blue, typed text reaches its text field (shown in the
 // window title), Enter turns it green; the pointer is where it was sent.
 func (s *suite) actions(t *testing.T, sb *sbox) {
-	if !s.waitPixel(t, sb, red, s.cfg.readyTimeout) {
+	// The Screenshot check waited for the first paint.
+	if !s.waitPixel(t, sb, red, 30*time.Second) {
 		t.Fatalf("the start page is not red at %d,%d before any action", probeX, probeY)
 	}
 	x, y := int32(probeX), int32(probeY)
@@ -296,7 +299,11 @@ func (s *suite) keep(t *testing.T, sb *sbox, what string) {
 	}
 	dir := os.Getenv("CUBICLE_SCREENSHOT_DIR")
 	if dir == "" {
-		dir = t.TempDir()
+		// Not t.TempDir: the file is for after the failed run.
+		if dir, err = os.MkdirTemp("", "drivertest-"); err != nil {
+			t.Logf("keep screenshot: %v", err)
+			return
+		}
 	}
 	p := filepath.Join(dir, "drivertest-"+s.name+"-"+what+".png")
 	if err := os.WriteFile(p, resp.Msg.Data, 0o644); err != nil {
@@ -304,6 +311,15 @@ func (s *suite) keep(t *testing.T, sb *sbox, what string) {
 		return
 	}
 	t.Logf("screenshot kept: %s", p)
+}
+
+// logBox logs what runs in the box and its memory, for a failure.
+func (s *suite) logBox(t *testing.T, sb *sbox) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := sb.client.Exec(ctx, agentclient.ExecRequest{Command: "ps -eo pid,etimes,rss,args | cut -c1-160; free -m", MaxOutput: 64 << 10}, nil)
+	t.Logf("in the box: %s%s %v", res.Stdout, res.Stderr, err)
 }
 
 // files checks the filesystem service and /files: an upload reads back

@@ -323,6 +323,13 @@ func (s *suite) adopt(t *testing.T, a *sbox) *sbox {
 		t.Errorf("State().Driver = %q, want the driver's name %q", st.Driver, s.name)
 	}
 	st = throughStore(t, st)
+	// The daemon that made the box dies: its connections to it end.
+	a.client.Close()
+	n, err := Sever(a.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the old daemon's %d connections to the box severed", n)
 	d2 := s.newDriver(t)
 	if err := d2.Available(ctx); err != nil {
 		t.Fatalf("Available of a new driver instance: %v", err)

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Traces is what the host holds of one box, found by looking for its ID
@@ -292,4 +294,38 @@ func netLinks(id string) []string {
 		}
 	}
 	return out
+}
+
+// Sever shuts down every unix-socket connection of this process whose peer
+// is a socket path mentioning id, and returns how many it shut down. It is
+// what a daemon's death does to its connections to a box: the suite calls
+// it before a new driver instance adopts the box, as after a restart. (A
+// QEMU chardev socket serves one client at a time, so the old connection
+// would otherwise keep the new one waiting.) Shutdown, not close: the file
+// descriptors stay the runtime's, only the connections end.
+func Sever(id string) (int, error) {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return 0, fmt.Errorf("sever: %w", err)
+	}
+	n := 0
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if link, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name())); err != nil || !strings.HasPrefix(link, "socket:") {
+			continue
+		}
+		sa, err := unix.Getpeername(fd)
+		if err != nil {
+			continue
+		}
+		if u, ok := sa.(*unix.SockaddrUnix); ok && strings.Contains(u.Name, id) {
+			if unix.Shutdown(fd, unix.SHUT_RDWR) == nil {
+				n++
+			}
+		}
+	}
+	return n, nil
 }

@@ -166,3 +166,48 @@ func waitEmpty(id string, stateDirs, extra []string) (Traces, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestSever checks that Sever ends this process's connections to a box's
+// sockets, and only those.
+func TestSever(t *testing.T) {
+	id := "dtsever" + randomString(8)
+	dir := t.TempDir()
+	listen := func(name string) net.Listener {
+		ln, err := net.Listen("unix", filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+			}
+		}()
+		return ln
+	}
+	box, other := listen(id+".sock"), listen("other.sock")
+	dial := func(ln net.Listener) net.Conn {
+		c, err := net.Dial("unix", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	toBox, toOther := dial(box), dial(other)
+	n, err := Sever(id)
+	if err != nil || n != 1 {
+		t.Fatalf("Sever = %d, %v; want 1 connection", n, err)
+	}
+	toBox.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := toBox.Read(make([]byte, 1)); err == nil || os.IsTimeout(err) {
+		t.Errorf("read on a severed connection: %v, want EOF", err)
+	}
+	if _, err := toOther.Write([]byte("x")); err != nil {
+		t.Errorf("another connection was severed too: %v", err)
+	}
+}
