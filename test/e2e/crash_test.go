@@ -28,16 +28,28 @@ import (
 // sandbox the round made is either running and usable (a command runs,
 // a screenshot is a PNG of its size) or stopped with nothing of it left:
 // no process, mount, file, network namespace, veth, nft rule or address.
-// None may be half-made. Sandboxes have networking (an allow-list, so
+// None may be half-made; and after each round, whatever its outcome, the
+// host holds nothing it did not hold before the round (a create killed
+// before its record was written leaves an unknown ID: the check compares
+// the host with a snapshot). Sandboxes have networking (an allow-list, so
 // that each has rules of its own), so the whole of a create is exposed;
-// it runs in a network namespace the test made.
+// it runs in a network namespace the test made, on gvisor or the backends
+// CUBICLE_E2E_BACKEND names.
 func TestCrashRestart(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
 	}
-	needs.Runtime(t, "runsc")
 	needs.Command(t, "nft")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
+	for i, backend := range selectedBackends("gvisor") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testCrashRestart(t, backend, fmt.Sprintf("cbcrash%d", i), fmt.Sprintf("10.89.%d.0/24", 20+i))
+		})
+	}
+}
+
+func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	rounds := 12
 	if s := os.Getenv("CUBICLE_CRASH_ROUNDS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -46,14 +58,14 @@ func TestCrashRestart(t *testing.T) {
 		}
 		rounds = n
 	}
-	const bridge, cidr = "cbcrash0", "10.89.20.0/24"
+	// Not t.TempDir: a VM's socket paths must stay short.
 	dataDir, err := os.MkdirTemp("", "cubicle-e2e-crash-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	d, err := harness.Start(sctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: "gvisor",
+	d, err := harness.Start(sctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend,
 		Args: []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr}})
 	cancel()
 	if err != nil {
@@ -75,7 +87,7 @@ func TestCrashRestart(t *testing.T) {
 		os.RemoveAll(dataDir)
 	})
 	req := func(round int) client.CreateRequest {
-		return client.CreateRequest{Resolution: &client.Resolution{Width: 800, Height: 600},
+		return client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 800, Height: 600},
 			Metadata: map[string]string{"crash-round": strconv.Itoa(round)},
 			Network:  &client.Network{Allow: []string{"192.0.2.0/24"}}}
 	}
@@ -108,6 +120,11 @@ func TestCrashRestart(t *testing.T) {
 	outcome := map[string]int{}
 	for round := range rounds {
 		duringCreate := round%2 == 0
+		// What the host holds before the round: after it, once the
+		// round's sandbox (if any) is gone, nothing may have been added,
+		// whether or not the sandbox ever got a record.
+		before := snapshotHost(dataDir, d.Pid())
+		free := metricValue(t, d, "cubicle_netpool_free")
 		var id string
 		var at time.Duration
 		if duringCreate {
@@ -144,9 +161,11 @@ func TestCrashRestart(t *testing.T) {
 		}
 		kind := map[bool]string{true: "create", false: "destroy"}[duringCreate]
 		if len(sbs) == 0 {
-			// Killed before the record was written: nothing may exist.
+			// Killed before the record was written: nothing of the
+			// sandbox may exist, though its ID is unknown.
 			outcome[kind+": never made"]++
 			t.Logf("round %d: kill %v into %s: no record", round, at.Round(time.Millisecond), kind)
+			assertHostAsBefore(t, d, dataDir, before, free, fmt.Sprintf("round %d (never made)", round))
 			continue
 		}
 		sb := sbs[0]
@@ -168,12 +187,13 @@ func TestCrashRestart(t *testing.T) {
 		if err := c.Destroy(ctx, sb.ID); err != nil && !client.IsNotFound(err) {
 			t.Errorf("round %d: second destroy of %s: %v", round, sb.ID, err)
 		}
+		assertHostAsBefore(t, d, dataDir, before, free, fmt.Sprintf("round %d (%s %s)", round, sb.ID, sb.State))
 	}
 	t.Logf("outcomes of %d kills: %v", rounds, outcome)
 	if path := os.Getenv("CUBICLE_CRASH_BENCHMARKS"); path != "" && !t.Failed() {
 		var b strings.Builder
-		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, or destroy, %v) of creates and destroys of gVisor desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded) or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address). Half-made: 0.\n\n| kill during | outcome | n |\n|---|---|---|\n",
-			rounds, createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond))
+		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, or destroy, %v) of creates and destroys of %s desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded) or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0.\n\n| kill during | outcome | n |\n|---|---|---|\n",
+			rounds, createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond), backend)
 		for _, k := range slices.Sorted(maps.Keys(outcome)) {
 			during, state, _ := strings.Cut(k, ": ")
 			fmt.Fprintf(&b, "| %s | %s | %d |\n", during, state, outcome[k])
@@ -258,4 +278,23 @@ func crashTraces(dataDir, id string) []string {
 		left = append(left, "loop device "+l)
 	}
 	return left
+}
+
+// assertHostAsBefore checks, waiting up to 30 s for the restarted daemon's
+// clean-up, that the host holds nothing that it did not hold in before
+// (snapshotHost: processes, mounts, loop devices, network namespaces,
+// links, nft rules, cgroups, jails, data-dir paths) and that the address
+// pool has as many free addresses as then.
+func assertHostAsBefore(t *testing.T, d *harness.Daemon, dataDir string, before hostState, free float64, what string) {
+	t.Helper()
+	var added []string
+	if !eventually(30*time.Second, func() bool {
+		added = snapshotHost(dataDir, d.Pid()).newSince(before)
+		return len(added) == 0
+	}) {
+		t.Errorf("%s: new on the host since before the round:\n%s", what, strings.Join(added, "\n"))
+	}
+	if got := metricValue(t, d, "cubicle_netpool_free"); got != free {
+		t.Errorf("%s: %v addresses free, %v before the round", what, got, free)
+	}
 }

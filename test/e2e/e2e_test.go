@@ -7,6 +7,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"image"
 	"image/color"
@@ -87,19 +89,12 @@ func tail(s string, n int) string {
 
 // backends are those the desktop flow runs on: gvisor and runc, or what
 // CUBICLE_E2E_BACKEND names (make e2e BACKEND=firecracker on a KVM host).
-func backends() []string {
-	if b := os.Getenv("CUBICLE_E2E_BACKEND"); b != "" {
-		return strings.Split(b, ",")
-	}
-	return []string{"gvisor", "runc"}
-}
+func backends() []string { return selectedBackends("gvisor", "runc") }
 
 func TestDesktopEndToEnd(t *testing.T) {
 	for _, backend := range backends() {
 		t.Run(backend, func(t *testing.T) {
-			if rt, ok := map[string]string{"gvisor": "runsc", "runc": "runc"}[backend]; ok {
-				needs.Runtime(t, rt) //depcheck:runs runsc runc
-			}
+			needsBackend(t, backend)
 			d, c := startDaemon(t, backend)
 			ctx := context.Background()
 
@@ -108,9 +103,10 @@ func TestDesktopEndToEnd(t *testing.T) {
 				t.Fatalf("create: %v", err)
 			}
 			t.Logf("sandbox %s (%s) running", sb.ID, sb.Isolation)
-			if sb.State != "running" || sb.Backend != backend {
-				t.Fatalf("created %+v", sb)
+			if sb.State != "running" || sb.Backend != backend || sb.Isolation != isolationOf(backend) {
+				t.Fatalf("created %+v, want running on %s with isolation %q", sb, backend, isolationOf(backend))
 			}
+			assertIsolation(t, c, sb.ID, sb.Isolation)
 
 			openTestPage(t, c, sb.ID)
 
@@ -186,9 +182,13 @@ mv /usr/bin/xdotool.off /usr/bin/xdotool; exit $rc`}})
 			if err != nil || len(entries) != 1 || entries[0].Name != "blob.bin" || entries[0].Size != int64(len(payload)) {
 				t.Errorf("list = %+v, %v", entries, err)
 			}
+			// The sandbox's own programs read what was uploaded, byte for
+			// byte (not just the API reading it back).
 			res, err = c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"sha256sum", "/tmp/e2e/dir/blob.bin"}})
 			if err != nil || res.ExitCode != 0 {
 				t.Errorf("sha256sum in sandbox: %+v %v", res, err)
+			} else if sum := sha256.Sum256(payload); strings.Fields(res.Stdout)[0] != hex.EncodeToString(sum[:]) {
+				t.Errorf("sha256sum in sandbox = %q, want %x (the uploaded bytes)", res.Stdout, sum)
 			}
 			if err := c.RemoveFile(ctx, sb.ID, "/tmp/e2e/dir/blob.bin"); err != nil {
 				t.Fatal(err)
@@ -196,6 +196,13 @@ mv /usr/bin/xdotool.off /usr/bin/xdotool; exit $rc`}})
 			if _, err := c.Download(ctx, sb.ID, "/tmp/e2e/dir/blob.bin"); !client.IsNotFound(err) {
 				t.Errorf("download after remove: %v, want not found", err)
 			}
+
+			// What one sandbox writes to its root filesystem is its own: not
+			// in the image, not in another sandbox of the same image.
+			assertIndependent(t, d, c, backend, sb.ID)
+			// Its VNC server is reachable only through the agent channel,
+			// never on a port of the host.
+			assertNoHostVNC(t, d, c, sb.ID)
 
 			if err := c.Destroy(ctx, sb.ID); err != nil {
 				t.Fatal(err)
@@ -299,9 +306,15 @@ func eventually(timeout time.Duration, cond func() bool) bool {
 }
 
 // assertNoTrace checks that nothing of sandbox id is left on the host: no
-// process naming it, no mount, no state directory, no socket.
+// process naming it, no mount, no file under the data dir, and none of what
+// its backend makes elsewhere (backendTraces: runtime state, QEMU's state
+// directory and process, the Firecracker jail, cgroups, loop devices, the
+// network namespace and devices).
 func assertNoTrace(t *testing.T, d *harness.Daemon, backend, id string) {
 	t.Helper()
+	for _, l := range backendTraces(filepath.Dir(d.Log), backend, id) {
+		t.Errorf("%s sandbox %s left: %s", backend, id, l)
+	}
 	if pids := harness.HostProcesses(id); len(pids) > 0 {
 		t.Errorf("processes of %s left: %v", id, pids)
 	}
@@ -324,8 +337,16 @@ func assertNoTrace(t *testing.T, d *harness.Daemon, backend, id string) {
 // runtime while the daemon is down, and checks that the restarted daemon
 // re-adopts the live one and reaps the dead one.
 func TestRestart(t *testing.T) {
-	needs.Runtime(t, "runsc")
-	d, c := startDaemon(t, "gvisor")
+	for _, backend := range selectedBackends("gvisor") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testRestart(t, backend)
+		})
+	}
+}
+
+func testRestart(t *testing.T, backend string) {
+	d, c := startDaemon(t, backend)
 	ctx := context.Background()
 	var ids []string
 	for range 2 {
@@ -362,18 +383,26 @@ func TestRestart(t *testing.T) {
 		sb, err := c.Get(ctx, dead)
 		return client.IsNotFound(err) || (err == nil && (sb.State == "stopped" || sb.State == "failed"))
 	})
-	assertNoTrace(t, d, "gvisor", dead)
+	assertNoTrace(t, d, backend, dead)
 	if err := c.Destroy(ctx, live); err != nil {
 		t.Fatal(err)
 	}
-	assertNoTrace(t, d, "gvisor", live)
+	assertNoTrace(t, d, backend, live)
 }
 
 // TestBadInput sends what API.md says must be refused and checks the status,
 // the error code, and that the desktop did not change.
 func TestBadInput(t *testing.T) {
-	needs.Runtime(t, "runsc")
-	d, c := startDaemon(t, "gvisor")
+	for _, backend := range selectedBackends("gvisor") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testBadInput(t, backend)
+		})
+	}
+}
+
+func testBadInput(t *testing.T, backend string) {
+	d, c := startDaemon(t, backend)
 	ctx := context.Background()
 	sb, err := c.Create(ctx, client.CreateRequest{})
 	if err != nil {

@@ -135,18 +135,28 @@ func openViewer(t *testing.T, ctx context.Context, u string) {
 }
 
 // TestLiveView drives the dashboard and the viewer page in a real headless
-// Chromium against a real desktop sandbox (gvisor): the canvas shows what
-// screenshots show, a click through a control link reaches the sandbox and
-// one through a view-only link does not, bad tokens get nothing, destroying
-// the sandbox ends its viewers, and 100 viewers come and go without leaks.
+// Chromium against a real desktop sandbox (gvisor, or the backends
+// CUBICLE_E2E_BACKEND names): the canvas shows what screenshots show, a
+// click through a control link reaches the sandbox and one through a
+// view-only link does not, bad tokens get nothing, 100 viewers come and go
+// without leaks, a viewer is closed when its link expires and cut when it
+// stops reading, and destroying the sandbox ends its viewers.
 func TestLiveView(t *testing.T) {
-	needs.Runtime(t, "runsc")
+	for _, backend := range selectedBackends("gvisor") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testLiveView(t, backend)
+		})
+	}
+}
+
+func testLiveView(t *testing.T, backend string) {
 	if _, err := os.Stat(filepath.Join(harness.NoVNCDir(), "core", "rfb.js")); err != nil {
 		needs.Skip(t, "noVNC is not installed in %s (make deps)", harness.NoVNCDir())
 	}
-	d, c := startDaemon(t, "gvisor")
+	d, c := startDaemon(t, backend)
 	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateRequest{Resolution: &client.Resolution{Width: 1024, Height: 768}})
+	sb, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768}})
 	if err != nil {
 		t.Fatalf("create: %v", err)
 	}
@@ -244,6 +254,12 @@ func TestLiveView(t *testing.T) {
 	// file descriptors and the connection gauge come back to the baseline.
 	noLeak(t, d, sb.ID, tok)
 
+	// A viewer is closed when its link expires, and one that stops
+	// reading is cut after viewWriteTimeout (README: "A viewer that
+	// cannot keep up for 15 s is closed").
+	viewerClosedAtExpiry(t, d, c, sb.ID)
+	slowViewerCut(t, d, sb.ID, tok)
+
 	// Destroy: every viewer is closed within a second of the request, the
 	// page says so, and the token is revoked.
 	ws = dialVNC(t, d, sb.ID, "?token="+url.QueryEscape(tok))
@@ -281,7 +297,7 @@ func TestLiveView(t *testing.T) {
 	}
 	saveShot(t, bctx, "viewer-ended.png")
 	dialRefused(t, d, "revoked token", sb.ID, "?token="+url.QueryEscape(tok), 403)
-	assertNoTrace(t, d, "gvisor", sb.ID)
+	assertNoTrace(t, d, backend, sb.ID)
 }
 
 // compareCanvas checks the canvas against a PNG screenshot on a grid of

@@ -21,10 +21,18 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/cubicle-dev/cubicle/client"
-	cimage "github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
 	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+// metadataAddr is where most clouds serve instance metadata and
+// credentials; alibabaMetadataAddr is Alibaba Cloud's. The test serves
+// both itself, in its "internet" namespace, so that a sandbox reaching
+// them would be seen.
+const (
+	metadataAddr        = "169.254.169.254"
+	alibabaMetadataAddr = "100.100.100.200"
 )
 
 // TestNetwork runs cubicled with sandbox networking entirely inside a
@@ -35,10 +43,11 @@ import (
 // (a netns and veth per sandbox) and on qemu (a TAP per VM, the guest's
 // kernel configuring eth0 from ip=), each with its own daemon, bridge and
 // address range. At most two sandboxes run at once: under TCG each VM
-// costs a core.
-// metadataAddr is where clouds serve instance metadata and credentials.
-const metadataAddr = "169.254.169.254"
-
+// costs a core. Midway the daemon is killed (-9) and restarted: the
+// sandboxes it re-adopts keep their addresses, rules and reachability, and
+// destroying them afterwards leaves nothing. Backends: gvisor, runc and
+// qemu (runc's matrix is gvisor's: a netns and veth per sandbox), or those
+// CUBICLE_E2E_BACKEND names.
 func TestNetwork(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -50,12 +59,17 @@ func TestNetwork(t *testing.T) {
 	// metadata address, routed from the host: on a cloud VM a sandbox
 	// with egress "all" would reach it the same way.
 	srv := netpooltest.Peer(t, tmp, "internet", "tinet0", netip.MustParsePrefix("192.0.2.254/24"),
-		netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24"), netip.MustParsePrefix(metadataAddr+"/32"))
-	if l, err := netlink.LinkByName("tinet0"); err != nil {
+		netip.MustParsePrefix("192.0.2.1/24"), netip.MustParsePrefix("192.0.2.2/24"),
+		netip.MustParsePrefix(metadataAddr+"/32"), netip.MustParsePrefix(alibabaMetadataAddr+"/32"))
+	l, err := netlink.LinkByName("tinet0")
+	if err != nil {
 		t.Fatal(err)
-	} else if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index,
-		Dst: &net.IPNet{IP: net.ParseIP(metadataAddr).To4(), Mask: net.CIDRMask(32, 32)}, Gw: net.ParseIP("192.0.2.1")}); err != nil {
-		t.Fatal(err)
+	}
+	for _, a := range []string{metadataAddr, alibabaMetadataAddr} {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index,
+			Dst: &net.IPNet{IP: net.ParseIP(a).To4(), Mask: net.CIDRMask(32, 32)}, Gw: net.ParseIP("192.0.2.1")}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var web net.Listener
 	if err := netpooltest.Do(srv, func() (err error) { web, err = net.Listen("tcp4", "0.0.0.0:8080"); return err }); err != nil {
@@ -66,21 +80,9 @@ func TestNetwork(t *testing.T) {
 		fmt.Fprintf(w, "hello from %s", r.Host)
 	}))
 
-	for i, backend := range []string{"gvisor", "qemu"} {
+	for i, backend := range selectedBackends("gvisor", "runc", "qemu") {
 		t.Run(backend, func(t *testing.T) {
-			switch backend {
-			case "gvisor":
-				needs.Runtime(t, "runsc")
-			case "qemu":
-				needs.Command(t, "qemu-system-x86_64", "qemu-img")
-				img, err := cimage.Lookup(imageDir(), "desktop")
-				if err == nil {
-					_, err = cimage.LookupVM(img.RootFS)
-				}
-				if err != nil {
-					needs.Skip(t, "needs the desktop image's VM form (rebuild it: cubicle image build desktop): %v", err)
-				}
-			}
+			needsBackend(t, backend)
 			testNetwork(t, backend, fmt.Sprintf("cbe2e%d", i), fmt.Sprintf("10.89.%d.0/24", i))
 		})
 	}
@@ -129,7 +131,7 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 	create := func(n *client.Network) (client.Sandbox, error) {
 		t0 := time.Now()
 		req := client.CreateRequest{Backend: backend, Network: n}
-		if backend == "qemu" {
+		if isVM(backend) {
 			req.MemoryMB, req.Resolution = 768, &client.Resolution{Width: 800, Height: 600}
 		}
 		sb, err := c.Create(context.Background(), req)
@@ -193,7 +195,11 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); none, errNone = create(&client.Network{Egress: client.EgressNone}) }()
-	go func() { defer wg.Done(); allow, errAllow = create(&client.Network{Allow: []string{"192.0.2.1/32"}}) }()
+	// The allow-list names the metadata addresses too: they stay dropped.
+	go func() {
+		defer wg.Done()
+		allow, errAllow = create(&client.Network{Allow: []string{"192.0.2.1/32", metadataAddr + "/32", alibabaMetadataAddr + "/32"}})
+	}()
 	wg.Wait()
 	if err := errors.Join(errNone, errAllow); err != nil {
 		t.Fatal(err)
@@ -212,7 +218,7 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 		if !strings.Contains(string(out), "ether saddr != "+mac+" ") {
 			t.Errorf("guest eth0 MAC %s not the one its port's rules expect:\n%s", mac, out)
 		}
-	} else if backend == "qemu" {
+	} else if isVM(backend) {
 		t.Errorf("VM guest has no eth0")
 	}
 	// A listener in the allow-list sandbox, for the guest ↔ guest check.
@@ -227,12 +233,18 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 		{"none → other guest", none.ID, allow.IP + ":9000", "closed"},
 		{"allow-list → other server", allow.ID, "192.0.2.2:8080", "closed"},
 		{"allow-list → API on the gateway", allow.ID, gw + ":" + apiPort, "closed"},
+		{"allow-list naming it → cloud metadata address", allow.ID, metadataAddr + ":8080", "closed"},
+		{"allow-list naming it → Alibaba metadata address", allow.ID, alibabaMetadataAddr + ":8080", "closed"},
 	})
 	if got, want := get(allow.ID, "192.0.2.1"), "hello from 192.0.2.1"; got != want {
 		t.Errorf("allow-list → allowed server: GET = %q, want %q", got, want)
 	}
-	if err := netpooltest.Dial("", metadataAddr+":8080"); err != nil {
-		t.Errorf("host → cloud metadata address (control): %v", err)
+	// Controls: the metadata servers answer whoever the rules let through
+	// (the host, whose traffic no sandbox rule sees).
+	for _, a := range []string{metadataAddr, alibabaMetadataAddr} {
+		if err := netpooltest.Dial("", a+":8080"); err != nil {
+			t.Errorf("host → metadata address %s (control): %v", a, err)
+		}
 	}
 	if resp, err := http.Get(fmt.Sprintf("http://%s:%s/healthz", gw, apiPort)); err != nil {
 		t.Errorf("host → API on the gateway (control): %v", err)
@@ -256,10 +268,51 @@ func testNetwork(t *testing.T, backend, bridge, cidr string) {
 		{"all → API on the host's other address", all.ID, "192.0.2.254:" + apiPort, "closed"},
 		{"all → other guest", all.ID, allow.IP + ":9000", "closed"},
 		{"all → cloud metadata address", all.ID, metadataAddr + ":8080", "closed"},
+		{"all → Alibaba metadata address", all.ID, alibabaMetadataAddr + ":8080", "closed"},
 		{"allow-list after another's destroy → allowed server", allow.ID, "192.0.2.1:8080", "open"},
 	})
 	if got := get(all.ID, "192.0.2.2"); got != "hello from 192.0.2.2" {
 		t.Errorf("all → server 2 on a reused address: GET = %q", got)
+	}
+
+	// kill -9 the daemon and restart it: both sandboxes are re-adopted
+	// with their addresses, the pool, links, bridge ports and rules are as
+	// they were, and their networks and policies still work.
+	free, links, ports, rules := metricValue(t, d, "cubicle_netpool_free"), hostLinks(t), bridgePorts(t, bridge), nftRules()
+	d.Kill9()
+	rctx, rcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer rcancel()
+	if err := d.Restart(rctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range []client.Sandbox{allow, all} {
+		got, err := c.Get(context.Background(), sb.ID)
+		if err != nil || got.State != "running" || got.IP != sb.IP {
+			t.Fatalf("%s after the restart: %+v %v, want running at %s", sb.ID, got, err, sb.IP)
+		}
+	}
+	if got := metricValue(t, d, "cubicle_netpool_free"); got != free {
+		t.Errorf("after the restart: %v addresses free, %v before", got, free)
+	}
+	if got := hostLinks(t); !slices.Equal(got, links) {
+		t.Errorf("after the restart: sandbox links %v, %v before", got, links)
+	}
+	if got := bridgePorts(t, bridge); got != ports {
+		t.Errorf("after the restart: %d bridge ports, %d before", got, ports)
+	}
+	if got := nftRules(); !slices.Equal(got, rules) {
+		t.Errorf("after the restart: nft rules\n%s\nbefore:\n%s", strings.Join(got, "\n"), strings.Join(rules, "\n"))
+	}
+	check([]struct{ name, id, addr, want string }{
+		{"after restart: allow-list → allowed server", allow.ID, "192.0.2.1:8080", "open"},
+		{"after restart: allow-list → other server", allow.ID, "192.0.2.2:8080", "closed"},
+		{"after restart: allow-list naming it → cloud metadata address", allow.ID, metadataAddr + ":8080", "closed"},
+		{"after restart: all → API on the gateway", all.ID, gw + ":" + apiPort, "closed"},
+		{"after restart: all → other guest", all.ID, allow.IP + ":9000", "closed"},
+		{"after restart: all → Alibaba metadata address", all.ID, alibabaMetadataAddr + ":8080", "closed"},
+	})
+	if got := get(all.ID, "192.0.2.2"); got != "hello from 192.0.2.2" {
+		t.Errorf("after restart: all → server 2: GET = %q", got)
 	}
 	for _, sb := range []client.Sandbox{allow, all} {
 		destroy(sb)

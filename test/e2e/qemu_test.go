@@ -5,16 +5,16 @@ import (
 	"context"
 	"image"
 	"image/png"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
-	cimage "github.com/cubicle-dev/cubicle/internal/image"
-	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
@@ -23,16 +23,15 @@ import (
 // kernel, the desktop is screenshotted and changed by an action, the VM
 // survives a kill -9 of the daemon and is re-adopted, and destroying it
 // leaves nothing behind. One VM, on purpose: under TCG each costs a core.
+//
+// It is a test of the qemu backend itself: it runs by default and when
+// CUBICLE_E2E_BACKEND names qemu, and not when it names only others.
 func TestQEMU(t *testing.T) {
-	needs.Root(t)
-	needs.Command(t, "qemu-system-x86_64", "qemu-img")
-	img, err := cimage.Lookup(imageDir(), "desktop")
-	if err != nil {
-		needs.Skip(t, "needs the desktop image: %v", err)
+	if !slices.Contains(selectedBackends("qemu"), "qemu") {
+		t.Logf("%s=%s does not name qemu: nothing to run", backendEnv, os.Getenv(backendEnv))
+		return
 	}
-	if _, err := cimage.LookupVM(img.RootFS); err != nil {
-		needs.Skip(t, "needs the desktop image's VM form (rebuild it: cubicle image build desktop): %v", err)
-	}
+	needsBackend(t, "qemu")
 	d, c := startDaemon(t, "qemu")
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
