@@ -57,12 +57,13 @@
 //
 // The guest is the same as under the qemu driver (internal/agent/vminit):
 // the initramfs's /init is the agent, which loads the kernel modules, mounts
-// the root drive (/dev/vda, which Firecracker names on the command line as
-// root=/dev/vda rw) and reads its vminit.Config — token, hostname,
-// environment — from a second, read-only drive (/dev/vdb: Firecracker's
-// drives have no serial numbers, so vminit's fallback device names apply).
-// The token is never on the kernel command line, which every guest process
-// can read. The network comes as vminit's ip= parameter; see KernelArgs.
+// the root drive and reads its vminit.Config — token, hostname,
+// environment — from a second, read-only drive. It tells the two apart by
+// what is on them (the root is the ext4 labelled cubicle-root, the config
+// a vminit config blob), not by serial as under QEMU: Firecracker answers
+// the virtio-blk ID request with an ID it makes from the backing file's
+// device and inode numbers, never the drive_id. The token is never on the
+// kernel command line, which every guest process can read. The network comes as vminit's ip= parameter; see KernelArgs.
 // What differs from QEMU, and what the guest must do for it:
 //
 //   - the agent channel is vsock: the agent must listen on vsock port
