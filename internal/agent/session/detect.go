@@ -35,6 +35,10 @@ type Found struct {
 	Browser string `json:"browser,omitempty"`
 	// VNC is x11vnc, for the live view of an Xvfb display.
 	VNC string `json:"vnc,omitempty"`
+	// Bus starts a D-Bus session bus for the session (dbus-run-session or
+	// dbus-launch): XFCE's session manager starts nothing without one, as
+	// a display manager would have given it.
+	Bus string `json:"session_bus,omitempty"`
 	// User runs the session's programs: the image's first ordinary user,
 	// or root.
 	User string `json:"user,omitempty"`
@@ -82,6 +86,9 @@ func Detect(root string) (Found, error) {
 	pick(&f.Browser, browsers)
 	if f.XServer != "" && !isXvnc(f.XServer) {
 		pick(&f.VNC, []string{"x11vnc"})
+	}
+	if f.Session != "" {
+		pick(&f.Bus, []string{"dbus-run-session", "dbus-launch"})
 	}
 	f.User = firstUser(root)
 	if err != nil {
@@ -224,7 +231,20 @@ func (f Found) SessionConfig() (Config, bool) {
 		c.Xvfb = []string{f.XServer, ":0", "-screen", "0", "{width}x{height}x24", "-dpi", "{dpi}", "-nolisten", "tcp", "-ac"}
 	}
 	if f.Session != "" {
-		c.Programs = append(c.Programs, Program{Name: "session", Argv: []string{f.Session}})
+		argv := []string{f.Session}
+		switch path.Base(f.Bus) {
+		case "dbus-run-session":
+			argv = append([]string{f.Bus, "--"}, argv...)
+		case "dbus-launch":
+			argv = append([]string{f.Bus, "--exit-with-session"}, argv...)
+		}
+		if path.Base(f.Session) == "startxfce4" {
+			// XFCE's panel asks on its first start whether to use the
+			// default layout, in a dialog in the middle of the screen;
+			// an agent's screen must not start with that in the way.
+			argv = append([]string{"/usr/bin/env", "XFCE_PANEL_MIGRATE_DEFAULT=1"}, argv...)
+		}
+		c.Programs = append(c.Programs, Program{Name: "session", Argv: argv})
 	}
 	if f.Browser != "" {
 		var argv []string

@@ -66,10 +66,10 @@ func TestDetect(t *testing.T) {
 		{
 			name: "XFCE preferred over a plain window manager; merged /usr",
 			files: map[string]string{
-				"bin": "->usr/bin", "usr/bin/Xvfb": "", "usr/bin/startxfce4": "", "usr/bin/xfwm4": "",
+				"bin": "->usr/bin", "usr/bin/Xvfb": "", "usr/bin/startxfce4": "", "usr/bin/xfwm4": "", "usr/bin/dbus-run-session": "", "usr/bin/dbus-launch": "",
 				"usr/bin/openbox": "", "usr/bin/firefox-esr": "->../lib/firefox-esr/firefox-esr", "usr/lib/firefox-esr/firefox-esr": "",
 			},
-			want: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/startxfce4", Browser: "/usr/bin/firefox-esr", User: "root"},
+			want: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/startxfce4", Browser: "/usr/bin/firefox-esr", Bus: "/usr/bin/dbus-run-session", User: "root"},
 		},
 		{
 			name: "TigerVNC through the alternatives system serves VNC itself",
@@ -83,7 +83,7 @@ func TestDetect(t *testing.T) {
 		{
 			name: "links resolve inside the image, never on the host",
 			files: map[string]string{
-				"usr/bin/Xvfb":     "->/bin/sh",          // the host has /bin/sh; the image does not
+				"usr/bin/Xvfb":     "->/bin/sh",            // the host has /bin/sh; the image does not
 				"usr/bin/chromium": "->../../../../bin/sh", // .. stops at the image's root
 				"usr/bin/openbox":  "not executable",
 			},
@@ -127,15 +127,22 @@ func TestSessionConfig(t *testing.T) {
 	}{
 		{
 			name:  "Xvfb with everything",
-			found: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/startxfce4", Browser: "/usr/bin/chromium", VNC: "/usr/bin/x11vnc", User: "alice"},
+			found: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/startxfce4", Browser: "/usr/bin/chromium", VNC: "/usr/bin/x11vnc", Bus: "/usr/bin/dbus-run-session", User: "alice"},
 			want: Config{Display: ":0", User: "alice",
 				Xvfb: []string{"/usr/bin/Xvfb", ":0", "-screen", "0", "1280x800x24", "-dpi", "120", "-nolisten", "tcp", "-ac"},
 				Programs: []Program{
-					{Name: "session", Argv: []string{"/usr/bin/startxfce4"}, User: "alice"},
+					{Name: "session", Argv: []string{"/usr/bin/env", "XFCE_PANEL_MIGRATE_DEFAULT=1", "/usr/bin/dbus-run-session", "--", "/usr/bin/startxfce4"}, User: "alice"},
 					{Name: "browser", Argv: append(append([]string{"/usr/bin/chromium"}, expandAll(chromiumFlags, vars)...), "http://example.test/"), User: "alice"},
 					{Name: "vnc", User: "root", Argv: []string{"/usr/bin/x11vnc", "-display", ":0", "-localhost", "-rfbport", "5999",
 						"-forever", "-shared", "-nopw", "-quiet", "-nolookup", "-noipv6", "-rfbportv6", "-1"}},
 				}},
+		},
+		{
+			name:  "openbox with dbus-launch",
+			found: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/openbox", Bus: "/usr/bin/dbus-launch"},
+			want: Config{Display: ":0", User: "root",
+				Xvfb:     []string{"/usr/bin/Xvfb", ":0", "-screen", "0", "1280x800x24", "-dpi", "120", "-nolisten", "tcp", "-ac"},
+				Programs: []Program{{Name: "session", Argv: []string{"/usr/bin/dbus-launch", "--exit-with-session", "/usr/bin/openbox"}, User: "root"}}},
 		},
 		{
 			name:  "Xvnc and Firefox, no window manager",

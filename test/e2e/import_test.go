@@ -1,0 +1,284 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+	cimage "github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/needs"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+// The images of these tests are made the way a user's own Dockerfile would
+// make them — Debian, `apt-get install` of what they want, and nothing of
+// cubicle — then tarred as `docker export` tars a container and piped into
+// `cubicle image import NAME`, the README's line. (There is no Docker engine
+// on these machines: debootstrap and chroot stand in for `FROM
+// debian:bookworm` and `RUN apt-get install`.)
+
+// userImages are the packages of each image the tests import.
+var userImages = map[string][]string{
+	// The seed system's desktop: XFCE, Chromium and an X server.
+	"byo-xfce": {"xfce4", "chromium", "xvfb"},
+	// A plain Debian: no X server at all.
+	"byo-headless": nil,
+}
+
+var (
+	userImageMu   sync.Mutex
+	userImageDone = map[string]error{}
+)
+
+// importUserImage builds the rootfs of userImages[name], imports it under
+// that name into the test image directory with the CLI (once per test
+// process), and removes it when the test process's tests are done with it.
+func importUserImage(t *testing.T, name string) {
+	t.Helper()
+	needs.Root(t)
+	needs.Command(t, "debootstrap", "chroot", "tar")
+	userImageMu.Lock()
+	defer userImageMu.Unlock()
+	err, done := userImageDone[name]
+	if !done {
+		err = buildAndImport(t, name, userImages[name])
+		userImageDone[name] = err
+	}
+	if err != nil {
+		t.Fatalf("image %s: %v", name, err)
+	}
+}
+
+func buildAndImport(t *testing.T, name string, packages []string) error {
+	t0 := time.Now()
+	root, err := os.MkdirTemp("/var/tmp", "cubicle-"+name+"-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(root)
+	cache := filepath.Join(cimage.DefaultCacheDir, "debs") // shared with image builds
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return err
+	}
+	run := func(timeout time.Duration, name string, args ...string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive", "HOME=/root"}
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s %s: %v\n%s", name, strings.Join(args, " "), err, tail(string(out), 30))
+		}
+		return nil
+	}
+	// FROM debian:bookworm
+	if err := run(10*time.Minute, "debootstrap", "--variant=minbase", "--cache-dir="+cache, "bookworm", root, "http://deb.debian.org/debian"); err != nil {
+		return err
+	}
+	// RUN apt-get install -y --no-install-recommends PACKAGES (in a mount
+	// namespace of its own, so /proc goes away with it whatever happens)
+	if len(packages) > 0 {
+		resolv, _ := os.ReadFile("/etc/resolv.conf")
+		if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), resolv, 0o644); err != nil {
+			return err
+		}
+		script := `set -e
+mount -t proc proc "$1/proc"
+mount --bind "$2" "$1/var/cache/apt/archives"
+chroot "$1" sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@" && apt-get clean && rm -rf /var/lib/apt/lists/*' sh ` + strings.Join(packages, " ") + `
+umount "$1/var/cache/apt/archives" "$1/proc"
+`
+		if err := run(20*time.Minute, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", root, cache); err != nil { //depcheck:runs mount chroot umount
+			return err
+		}
+	}
+	built := time.Since(t0)
+	// docker export $(docker create IMAGE) | cubicle image import NAME
+	bin, err := harness.Build()
+	if err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	tarCmd := exec.Command("tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", "-", ".")
+	tarCmd.Stdout = pw
+	var tarErr bytes.Buffer
+	tarCmd.Stderr = &tarErr
+	imp := exec.Command(filepath.Join(bin, "cubicle"), "image", "import", name, "--image-dir", imageDir()) //depcheck:built
+	imp.Stdin = pr
+	var out bytes.Buffer
+	imp.Stdout, imp.Stderr = &out, &out
+	if err := tarCmd.Start(); err != nil {
+		return err
+	}
+	if err := imp.Start(); err != nil {
+		tarCmd.Process.Kill()
+		tarCmd.Wait()
+		return err
+	}
+	terr := tarCmd.Wait()
+	pw.CloseWithError(terr)
+	ierr := imp.Wait()
+	if terr != nil || ierr != nil {
+		return fmt.Errorf("tar | cubicle image import: %v %v\n%s%s", terr, ierr, tarErr.String(), out.String())
+	}
+	t.Logf("image %s: built in %s (%s), imported in %s: %s", name, built.Round(time.Second),
+		strings.Join(packages, " "), (time.Since(t0) - built).Round(time.Second), strings.TrimSpace(out.String()))
+	return nil
+}
+
+// removeUserImages removes the imported images; TestMain calls it.
+func removeUserImages() {
+	userImageMu.Lock()
+	defer userImageMu.Unlock()
+	for name, err := range userImageDone {
+		if err == nil {
+			_ = cimage.Remove(imageDir(), name)
+		}
+	}
+}
+
+// TestImportedDesktop runs a sandbox of an image that knows nothing of
+// cubicle (XFCE, Chromium and Xvfb from apt): the agent finds its desktop
+// and starts it, and the agent drives its browser — a page turns from red
+// to green when clicked, in the screenshot — on gvisor and on qemu.
+func TestImportedDesktop(t *testing.T) {
+	importUserImage(t, "byo-xfce")
+	img, err := cimage.Lookup(imageDir(), "byo-xfce")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := img.Desktop; d == nil || d.Config || !strings.HasSuffix(d.XServer, "/Xvfb") ||
+		!strings.HasSuffix(d.Session, "/startxfce4") || !strings.HasSuffix(d.Browser, "/chromium") {
+		t.Fatalf("image.json says the image has %+v, want Xvfb, startxfce4 and chromium found", img.Desktop)
+	}
+	for _, backend := range []string{"gvisor", "qemu"} {
+		t.Run(backend, func(t *testing.T) {
+			switch backend {
+			case "gvisor":
+				needs.Runtime(t, "runsc")
+			case "qemu":
+				needs.Command(t, "qemu-system-x86_64", "qemu-img")
+				if _, err := cimage.LookupVM(img.RootFS); err != nil {
+					t.Fatalf("the import has no VM form (it should have the desktop image's kernel): %v", err)
+				}
+			}
+			d, c := startDaemon(t, backend)
+			ctx := context.Background()
+			req := client.CreateRequest{Template: "byo-xfce", Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768}}
+			if backend == "qemu" {
+				req.MemoryMB = 2048
+			}
+			t0 := time.Now()
+			sb, err := c.Create(ctx, req)
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			t.Logf("sandbox %s ready in %s", sb.ID, time.Since(t0).Round(time.Millisecond))
+			if !sb.Desktop {
+				t.Fatalf("sandbox %+v says it has no desktop", sb)
+			}
+			openTestPage(t, c, sb.ID)
+			const px, py = 512, 450
+			if err := c.Click(ctx, sb.ID, px, py); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "page turns green", func() bool { return near(pixel(t, c, sb.ID, px, py), green) })
+			// The session is XFCE's own, not a stand-in: its window
+			// manager, panel and desktop run (under a D-Bus session bus
+			// the agent gave it, as a display manager would).
+			var running string
+			if !eventually(60*time.Second, func() bool {
+				res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: "for p in xfce4-session xfwm4 xfce4-panel xfdesktop dbus-daemon; do pgrep -x $p >/dev/null && echo $p; done"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				running = res.Stdout
+				return len(strings.Fields(running)) == 5
+			}) {
+				t.Errorf("XFCE is not all there: running %q, want xfce4-session xfwm4 xfce4-panel xfdesktop dbus-daemon", strings.Fields(running))
+			}
+			if err := c.Destroy(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			assertNoTrace(t, d, backend, sb.ID)
+		})
+	}
+}
+
+// TestImportedHeadless runs a sandbox of a plain Debian image with no X
+// server: it is ready as soon as its agent answers, runs commands and moves
+// files, and answers 409 no_desktop to a screenshot, an action and a live
+// view.
+func TestImportedHeadless(t *testing.T) {
+	importUserImage(t, "byo-headless")
+	img, err := cimage.Lookup(imageDir(), "byo-headless")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if img.Desktop == nil || img.Desktop.Desktop() {
+		t.Fatalf("image.json says the image has %+v, want no X server", img.Desktop)
+	}
+	for _, backend := range backends() {
+		t.Run(backend, func(t *testing.T) {
+			if rt, ok := map[string]string{"gvisor": "runsc", "runc": "runc"}[backend]; ok {
+				needs.Runtime(t, rt) //depcheck:runs runsc runc
+			}
+			d, c := startDaemon(t, backend)
+			ctx := context.Background()
+			t0 := time.Now()
+			sb, err := c.Create(ctx, client.CreateRequest{Template: "byo-headless", Backend: backend})
+			if err != nil {
+				t.Fatalf("create: %v", err)
+			}
+			t.Logf("headless sandbox %s ready in %s", sb.ID, time.Since(t0).Round(time.Millisecond))
+			if sb.Desktop || sb.State != "running" {
+				t.Fatalf("sandbox = %+v, want running without a desktop", sb)
+			}
+			if got, err := c.Get(ctx, sb.ID); err != nil || got.Desktop {
+				t.Errorf("GET = %+v, %v; want desktop false", got, err)
+			}
+			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: ". /etc/os-release; echo $ID $VERSION_CODENAME; id -un"})
+			if err != nil || res.ExitCode != 0 || strings.TrimSpace(res.Stdout) != "debian bookworm\nroot" {
+				t.Fatalf("exec = %+v, %v; want \"debian bookworm\\nroot\"", res, err)
+			}
+			if _, err := c.Upload(ctx, sb.ID, "/root/note.txt", strings.NewReader("headless works")); err != nil {
+				t.Fatal(err)
+			}
+			rc, err := c.Download(ctx, sb.ID, "/root/note.txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(rc)
+			rc.Close()
+			if err != nil || string(b) != "headless works" {
+				t.Errorf("download = %q, %v", b, err)
+			}
+			noDesktop := func(what string, err error) {
+				t.Helper()
+				var ae *client.APIError
+				if !errors.As(err, &ae) || ae.Status != 409 || ae.Code != client.CodeNoDesktop {
+					t.Errorf("%s of a headless sandbox = %v, want 409 %s", what, err, client.CodeNoDesktop)
+				}
+			}
+			_, err = c.Screenshot(ctx, sb.ID, client.ScreenshotOptions{})
+			noDesktop("screenshot", err)
+			noDesktop("click", c.Click(ctx, sb.ID, 10, 10))
+			_, err = c.View(ctx, sb.ID, client.ViewRequest{})
+			noDesktop("live view", err)
+			if err := c.Destroy(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			assertNoTrace(t, d, backend, sb.ID)
+		})
+	}
+}
