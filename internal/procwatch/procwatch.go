@@ -116,6 +116,10 @@ func Watch(p Process, opts Options) *Watcher {
 // Dead is closed once the process has ended.
 func (w *Watcher) Dead() <-chan struct{} { return w.dead }
 
+// Done is closed once the watcher has stopped watching: the process ended
+// (Dead is closed too) or Stop was called.
+func (w *Watcher) Done() <-chan struct{} { return w.done }
+
 // Stop ends the watching and waits for the watcher's goroutine. It is safe
 // to call more than once, and after the process ended.
 func (w *Watcher) Stop() {

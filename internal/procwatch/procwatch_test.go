@@ -74,6 +74,7 @@ func TestWatchSeesTheEnd(t *testing.T) {
 	cmd.Process.Signal(syscall.SIGKILL)
 	// Not reaped yet: a zombie is an ended process.
 	waitDead(t, w, 2*time.Second)
+	<-w.Done()
 	if p.Alive() {
 		t.Error("Alive of a zombie")
 	}
@@ -109,6 +110,11 @@ func TestWatchStop(t *testing.T) {
 	time.Sleep(900 * time.Millisecond)
 	w.Stop()
 	w.Stop() // twice is fine
+	select {
+	case <-w.Done():
+	default:
+		t.Error("Done not closed after Stop")
+	}
 	if n := ticks.Load(); n < 2 {
 		t.Errorf("Every ran %d times in 900 ms at 100 ms, want several", n)
 	}

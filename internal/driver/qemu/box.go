@@ -18,6 +18,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
 // stateVersion is the version of the State blob this driver writes.
@@ -41,9 +42,8 @@ type box struct {
 
 	dead     chan struct{}
 	deadOnce sync.Once
-	stop     chan struct{}
-	stopOnce sync.Once
-	watchers sync.WaitGroup
+	watch    *procwatch.Watcher // nil for a box adopted dead
+	bridge   sync.WaitGroup     // the goroutine passing watch's end on to dead
 
 	sessMu sync.Mutex
 	sess   *yamux.Session
@@ -53,59 +53,38 @@ type box struct {
 }
 
 // newBox starts watching the VM. exited, if not nil, is closed when our
-// own child QEMU has been reaped.
+// own child QEMU has been reaped; otherwise (a VM adopted after a restart)
+// its process is watched through a pidfd.
 func newBox(d *Driver, data boxData, exited <-chan struct{}) *box {
-	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
-	b.watchers.Add(1)
-	go b.watch(exited)
+	b := &box{d: d, data: data, dead: make(chan struct{})}
+	b.watch = procwatch.Watch(data.process(), procwatch.Options{Exited: exited})
+	b.bridge.Add(1)
+	go func() {
+		defer b.bridge.Done()
+		<-b.watch.Done()
+		select {
+		case <-b.watch.Dead():
+			b.markDead()
+		default: // stopped watching: stopWatch marks the box
+		}
+	}()
 	return b
 }
 
 func (b *box) markDead() { b.deadOnce.Do(func() { close(b.dead) }) }
 
+// stopWatch stops watching QEMU; the box counts as dead from then on.
 func (b *box) stopWatch() {
-	b.stopOnce.Do(func() { close(b.stop) })
-	b.watchers.Wait()
+	if b.watch != nil {
+		b.watch.Stop()
+	}
+	b.markDead()
+	b.bridge.Wait()
 }
 
-// watch closes b.dead when QEMU exits: on exited for a child of this
-// daemon, otherwise through a pidfd (a recycled pid cannot fool it).
-func (b *box) watch(exited <-chan struct{}) {
-	defer b.watchers.Done()
-	if exited != nil {
-		select {
-		case <-exited:
-			b.markDead()
-		case <-b.stop:
-		}
-		return
-	}
-	fd, err := unix.PidfdOpen(b.data.Pid, 0)
-	if err != nil {
-		for running(b.data.Pid, b.data.StartTime) {
-			select {
-			case <-b.stop:
-				return
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-		b.markDead()
-		return
-	}
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, 250)
-		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
-			b.markDead()
-			return
-		}
-		select {
-		case <-b.stop:
-			return
-		default:
-		}
-	}
+// process is the QEMU process of the box.
+func (data boxData) process() procwatch.Process {
+	return procwatch.Process{Pid: data.Pid, StartTime: data.StartTime}
 }
 
 // session returns the yamux client session on the agent's chardev socket,
@@ -305,7 +284,7 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 		return nil, fmt.Errorf("adopt %s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
 	}
 	if !running(data.Pid, data.StartTime) || !cmdlineHas(data.Pid, data.Dir) {
-		b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+		b := &box{d: d, data: data, dead: make(chan struct{})}
 		b.markDead()
 		return b, nil
 	}

@@ -48,6 +48,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
 // Defaults for zero Spec fields. Memory and CPUs are modest because under
@@ -479,41 +480,17 @@ func validID(id string) error {
 	return nil
 }
 
-// procStartTime returns the start time of pid in clock ticks since boot
-// (field 22 of /proc/PID/stat), which with the pid identifies a process:
-// pids are reused, start times are not.
+// procStartTime returns the start time of pid (0 when it is not running),
+// which with the pid names the process: pids are reused, start times are not.
 func procStartTime(pid int) uint64 {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 {
-		return 0
-	}
-	n, _ := strconv.ParseUint(f[19], 10, 64)
-	return n
+	p, _ := procwatch.Lookup(pid)
+	return p.StartTime
 }
 
-// running reports whether the process pid started at startTime is alive
-// and not a zombie.
+// running reports whether the process pid started at startTime (any, when
+// 0) is alive and not a zombie.
 func running(pid int, startTime uint64) bool {
-	if pid <= 0 || unix.Kill(pid, 0) != nil {
-		return false
-	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 || i+2 >= len(data) || data[i+2] == 'Z' {
-		return false
-	}
-	return startTime == 0 || procStartTime(pid) == startTime
+	return procwatch.Process{Pid: pid, StartTime: startTime}.Alive()
 }
 
 func writeBoxData(b boxData) error {
