@@ -84,6 +84,10 @@ type Options struct {
 	// console log so).
 	Every    func()
 	Interval time.Duration // default 5 s
+	// OnEnd, when set, is called once from the watcher's goroutine when
+	// the process ends (not when the watch is stopped), before Dead
+	// closes: a box marks itself dead so.
+	OnEnd func()
 }
 
 // Watcher closes Dead when its process ends. Create it with Watch; Stop
@@ -127,7 +131,14 @@ func (w *Watcher) Stop() {
 	<-w.done
 }
 
-func (w *Watcher) markDead() { w.deadOnce.Do(func() { close(w.dead) }) }
+func (w *Watcher) markDead() {
+	w.deadOnce.Do(func() {
+		if w.opts.OnEnd != nil {
+			w.opts.OnEnd()
+		}
+		close(w.dead)
+	})
+}
 
 func (w *Watcher) run() {
 	defer close(w.done)

@@ -129,11 +129,38 @@ func TestWatchExited(t *testing.T) {
 	cmd := child(t)
 	p, _ := Lookup(cmd.Process.Pid)
 	exited := make(chan struct{})
-	w := Watch(p, Options{Exited: exited})
+	var ended atomic.Int32
+	w := Watch(p, Options{Exited: exited, OnEnd: func() { ended.Add(1) }})
 	defer w.Stop()
 	notDead(t, w, 300*time.Millisecond)
+	if ended.Load() != 0 {
+		t.Error("OnEnd ran while the process runs")
+	}
 	close(exited)
 	waitDead(t, w, time.Second)
+	if n := ended.Load(); n != 1 {
+		t.Errorf("OnEnd ran %d times, want once", n)
+	}
+}
+
+// TestOnEndNotOnStop checks that stopping a watch is not taken for the
+// process's end.
+func TestOnEndNotOnStop(t *testing.T) {
+	cmd := child(t)
+	p, _ := Lookup(cmd.Process.Pid)
+	var ended atomic.Int32
+	w := Watch(p, Options{OnEnd: func() { ended.Add(1) }})
+	time.Sleep(100 * time.Millisecond)
+	done := make(chan struct{})
+	go func() { w.Stop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("Stop of a running process's watch hangs")
+	}
+	if n := ended.Load(); n != 0 {
+		t.Errorf("OnEnd ran %d times on Stop, want 0", n)
+	}
 }
 
 func TestWatchGone(t *testing.T) {

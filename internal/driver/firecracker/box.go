@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
 // stateVersion is the version of the State blob this driver writes.
@@ -41,59 +41,29 @@ type box struct {
 
 	dead     chan struct{} // closed when Firecracker has exited
 	deadOnce sync.Once
-	stop     chan struct{} // closed to end the watcher
-	stopOnce sync.Once
-	watchers sync.WaitGroup
+	watch    *procwatch.Watcher
 
 	mu      sync.Mutex // serializes Stop
 	stopped bool
 }
 
+// newBox starts watching Firecracker (its pidfd, so a recycled pid cannot
+// fool it), and keeps the console log bounded while it runs.
 func newBox(d *Driver, data boxData) *box {
-	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{}),
+	b := &box{d: d, data: data, dead: make(chan struct{}),
 		metrics: newVMMetrics(filepath.Join(data.JailDir, "root", strings.TrimPrefix(metricsName, "/")))}
-	b.watchers.Add(1)
-	go b.watch()
+	b.watch = procwatch.Watch(procwatch.Process{Pid: data.Pid, StartTime: data.StartTime},
+		procwatch.Options{Every: b.boundConsole, OnEnd: b.markDead})
 	return b
 }
 
 func (b *box) markDead() { b.deadOnce.Do(func() { close(b.dead) }) }
 
-// stopWatch ends the watcher goroutine and waits for it.
+// stopWatch stops watching Firecracker and waits for the watcher; the box
+// counts as dead from then on.
 func (b *box) stopWatch() {
-	b.stopOnce.Do(func() { close(b.stop) })
-	b.watchers.Wait()
-}
-
-// watch closes b.dead when Firecracker exits, watching a pidfd (so a
-// recycled pid cannot fool it), and keeps the console log bounded.
-func (b *box) watch() {
-	defer b.watchers.Done()
-	fd, err := unix.PidfdOpen(b.data.Pid, 0)
-	if err != nil || !b.sameProcess() {
-		if err == nil {
-			unix.Close(fd)
-		}
-		b.markDead()
-		return
-	}
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for i := 0; ; i++ {
-		n, err := unix.Poll(fds, 250)
-		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
-			b.markDead()
-			return
-		}
-		if i%20 == 0 {
-			b.boundConsole()
-		}
-		select {
-		case <-b.stop:
-			return
-		default:
-		}
-	}
+	b.watch.Stop()
+	b.markDead()
 }
 
 // boundConsole empties console.log once it is larger than the limit: the
@@ -116,28 +86,13 @@ func (b *box) boundConsole() {
 // sameProcess reports whether b.data.Pid is still the Firecracker process
 // the box was made for (alive, not a zombie, same start time).
 func (b *box) sameProcess() bool {
-	st, ok := processStart(b.data.Pid)
-	return ok && st == b.data.StartTime
+	return procwatch.Process{Pid: b.data.Pid, StartTime: b.data.StartTime}.Alive()
 }
 
 // processStart returns the start time of a live, non-zombie process.
 func processStart(pid int) (uint64, bool) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// Fields after the ")" that closes the command name: state is field 3,
-	// starttime field 22.
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 || f[0] == "Z" || f[0] == "X" {
-		return 0, false
-	}
-	st, err := strconv.ParseUint(f[19], 10, 64)
-	return st, err == nil
+	p, err := procwatch.Lookup(pid)
+	return p.StartTime, err == nil
 }
 
 // DialAgent opens a new stream to the agent on guest vsock port AgentPort

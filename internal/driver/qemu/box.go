@@ -43,7 +43,6 @@ type box struct {
 	dead     chan struct{}
 	deadOnce sync.Once
 	watch    *procwatch.Watcher // nil for a box adopted dead
-	bridge   sync.WaitGroup     // the goroutine passing watch's end on to dead
 
 	sessMu sync.Mutex
 	sess   *yamux.Session
@@ -57,17 +56,7 @@ type box struct {
 // its process is watched through a pidfd.
 func newBox(d *Driver, data boxData, exited <-chan struct{}) *box {
 	b := &box{d: d, data: data, dead: make(chan struct{})}
-	b.watch = procwatch.Watch(data.process(), procwatch.Options{Exited: exited})
-	b.bridge.Add(1)
-	go func() {
-		defer b.bridge.Done()
-		<-b.watch.Done()
-		select {
-		case <-b.watch.Dead():
-			b.markDead()
-		default: // stopped watching: stopWatch marks the box
-		}
-	}()
+	b.watch = procwatch.Watch(data.process(), procwatch.Options{Exited: exited, OnEnd: b.markDead})
 	return b
 }
 
@@ -79,7 +68,6 @@ func (b *box) stopWatch() {
 		b.watch.Stop()
 	}
 	b.markDead()
-	b.bridge.Wait()
 }
 
 // process is the QEMU process of the box.
