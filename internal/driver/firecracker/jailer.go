@@ -96,7 +96,7 @@ func (d *Driver) jailerCommand(id, netns string, memMB, cgroupVersion int) *exec
 	}
 	args = append(args, "--new-pid-ns", "--", "--api-sock", apiSockName)
 	// Not CommandContext: the VM must outlive the request that made it.
-	return exec.Command(d.cfg.JailerBin, args...)
+	return exec.Command(d.cfg.JailerBin, args...) //depcheck:runs jailer
 }
 
 // jailerArgs are the jailer arguments every VM of the driver (and its

@@ -129,7 +129,7 @@ func (d *Driver) probeBoot(ctx context.Context, files BootFiles) (err error) {
 		"--exec-file", d.cfg.FirecrackerBin, "--cgroup-version", strconv.Itoa(d.cgroupVersion()),
 		"--chroot-base-dir", d.probeBase(),
 		"--", "--no-api", "--config-file", "/probe.json"}
-	cmd := exec.CommandContext(pctx, d.cfg.JailerBin, args...)
+	cmd := exec.CommandContext(pctx, d.cfg.JailerBin, args...) //depcheck:runs jailer
 	cmd.WaitDelay = 5 * time.Second
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
