@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -33,7 +34,14 @@ func TestAutoSkipsFirecrackerThatCannotBoot(t *testing.T) {
 	agent := drivertest.AgentBinary(t)
 	tmp := t.TempDir()
 	fc, jailer := fakeBinaries(t, "v1.10.1", "v1.10.1", `echo "Error: FAKE firecracker: Kvm error: failed to set MSR 0x10a" >&2; exit 1`)
-	fcd := New(Config{FirecrackerBin: fc, JailerBin: jailer, ChrootBase: filepath.Join(tmp, "fc"), UID: vmmUID, GID: vmmGID,
+	// A short chroot base, as in production (/srv/cubicle): under
+	// t.TempDir a VM's socket paths would be too long for a unix socket.
+	base, err := os.MkdirTemp("", "fc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	fcd := New(Config{FirecrackerBin: fc, JailerBin: jailer, ChrootBase: base, UID: vmmUID, GID: vmmGID,
 		AgentBinary: agent, ProbeImage: func() (string, error) { return rootfs, nil }})
 	kvmHost(t, fcd)
 	gvisor := oci.New(oci.Config{Runtime: "runsc", StateDir: filepath.Join(tmp, "gvisor"), AgentBinary: agent, DiskMB: 512})
