@@ -438,3 +438,23 @@ func TestStopLeavesNothing(t *testing.T) {
 		t.Errorf("left after Stop: %s", strings.Join(s, "; "))
 	}
 }
+
+// TestSlowFirecracker: requests Firecracker takes its time over — drives
+// opened on a loaded host, an InstanceStart that loads a large kernel and
+// sets up guest memory — succeed within Create's context; the SDK client
+// used before gave each request 500 ms (drives 250 ms) whatever the
+// caller's deadline.
+func TestSlowFirecracker(t *testing.T) {
+	fake := newFake(t)
+	fake.delay = map[string]time.Duration{"/drives/rootfs": 400 * time.Millisecond, "/actions": 1200 * time.Millisecond}
+	d := newFakeDriver(t, fake, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := d.Create(ctx, testSpec(testImage(t)))
+	if err != nil {
+		t.Fatalf("Create against a slow Firecracker: %v", err)
+	}
+	if err := b.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -39,6 +39,9 @@ type fakeFirecracker struct {
 	// answered as Firecracker's 400.
 	onRequest func(method, path string, body any) error
 	tapsGiven []string // the driver's giveTAP calls: "NETNS TAP UID:GID"
+	// delay holds back the answer to requests of a path, as a loaded host
+	// (or a large guest being set up) makes Firecracker take its time.
+	delay map[string]time.Duration
 	// pivot makes the stand-in VMM a process pivot_root'ed into the jail
 	// as the jailer leaves Firecracker (startPivoted), instead of a sleep.
 	pivot bool
@@ -129,6 +132,10 @@ func (f *fakeFirecracker) handle(w http.ResponseWriter, r *http.Request) {
 		f.t.Errorf("fake firecracker: %s %s %s: not what Firecracker's API takes: %s", r.Method, r.URL.Path, data, strings.Join(probs, "; "))
 		fail, msg = true, strings.Join(probs, "; ")
 	}
+	f.mu.Lock()
+	d := f.delay[r.URL.Path]
+	f.mu.Unlock()
+	time.Sleep(d)
 	w.Header().Set("Content-Type", "application/json")
 	if !fail && f.onRequest != nil {
 		if err := f.onRequest(r.Method, r.URL.Path, body); err != nil {
