@@ -11,21 +11,25 @@ import { randomBytes } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { after, before, describe, it } from 'node:test'
 
-import { AuthenticationError, CommandExitError, FileType, Sandbox } from 'e2b'
+import { AuthenticationError, CommandExitError, FileType, Sandbox, TimeoutError } from 'e2b'
 
 import { env, fetchVia, imageGap, probe, waitFor, websocketVia } from './lib.mjs'
 
 const run = randomBytes(6).toString('hex')
 
 describe('e2b SDK, template base', { timeout: 10 * 60 * 1000 }, () => {
-  let sbx
+  let sbx, created
 
   before(async () => {
+    // No timeoutMs: the sandbox gets E2B's default timeout (the SDK
+    // sends none; the API's default is 300 s). Then 10 minutes, so that
+    // the suite has the time it needs.
     sbx = await Sandbox.create('base', {
       envs: { CUBICLE_CREATE_ENV: 'from create' },
       metadata: { suite: 'cubicle-e2b-js', run },
-      timeoutMs: 5 * 60 * 1000,
     })
+    created = await sbx.getInfo()
+    await sbx.setTimeout(10 * 60 * 1000)
   })
 
   after(async () => {
@@ -37,6 +41,11 @@ describe('e2b SDK, template base', { timeout: 10 * 60 * 1000 }, () => {
     assert.match(sbx.sandboxId, /^[a-z0-9]+$/)
     assert.equal(sbx.sandboxDomain, env('E2B_DOMAIN'))
     assert.equal(sbx.getHost(8000), `8000-${sbx.sandboxId}.${env('E2B_DOMAIN')}`)
+  })
+
+  it('create without timeoutMs: the sandbox ends after E2B\'s default 300 s', () => {
+    const life = created.endAt.getTime() - created.startedAt.getTime()
+    assert.ok(Math.abs(life - 300 * 1000) <= 2000, `the sandbox was made to live ${life} ms, want E2B's default 300 000 ms`)
   })
 
   it('commands.run: stdout, stderr, exit code 0', async () => {
@@ -83,9 +92,36 @@ describe('e2b SDK, template base', { timeout: 10 * 60 * 1000 }, () => {
     assert.equal(r.stdout, 'o1\no2\no3\n')
   })
 
-  it('commands.run: a command that outlives the default request timeout is not cut', async () => {
-    const r = await sbx.commands.run('sleep 2; echo done', { timeoutMs: 20000 })
+  it('commands.run: a command outlives its request timeout, which covers only its start', async () => {
+    // requestTimeoutMs (60 s by default) bounds a command's request until
+    // the start event; timeoutMs bounds the command. Shortened to 1 s here
+    // so that the test takes seconds, not minutes: a 4 s command must still
+    // run to its end. A daemon that held the stream back (the start event
+    // with the output, at the end) would have the SDK abort it after 1 s.
+    const t0 = Date.now()
+    const r = await sbx.commands.run('sleep 4; echo done', { requestTimeoutMs: 1000, timeoutMs: 30000 })
     assert.equal(r.stdout, 'done\n')
+    assert.ok(Date.now() - t0 >= 4000, `a 4 s command came back after ${Date.now() - t0} ms`)
+  })
+
+  it('commands.run: timeoutMs is the command\'s time limit, enforced in the sandbox', async () => {
+    // The SDK sends timeoutMs as Connect-Timeout-Ms, which envd takes as
+    // the process's deadline. The SDK also gives up itself at that time,
+    // so what shows that the daemon honoured it is the process: killed,
+    // not left running after the SDK stopped waiting.
+    const marker = `timeout-${run}`
+    const mine = async () => (await sbx.commands.list()).filter((p) => p.args.join(' ').includes(marker))
+    const t0 = Date.now()
+    await assert.rejects(sbx.commands.run(`sleep 30; echo ${marker}`, { timeoutMs: 2000 }), (e) => {
+      assert.ok(e instanceof TimeoutError || e instanceof CommandExitError, `${e?.constructor?.name}: ${e?.message}`)
+      return true
+    })
+    const took = Date.now() - t0
+    assert.ok(took >= 1900 && took < 15000, `gave up after ${took} ms, want about 2 s`)
+    await waitFor('the timed-out command gone from commands.list()', async () => (await mine()).length === 0, 10000)
+      .catch(async (e) => assert.fail(`${e.message}: still running ${JSON.stringify(await mine())}`))
+    const ps = await probe(sbx, 'ps -eo args | grep -c "^sleep 30$"')
+    assert.equal(ps.stdout.trim(), '0', 'a sleep 30 still runs in the sandbox after its command timed out')
   })
 
   it('commands.run: 300 short commands in a row, none cut off', async () => {
