@@ -28,8 +28,14 @@
 //     lists the known ones.
 //   - timeout: seconds to live, E2B's default when absent. E2B's 0 means
 //     "expire now"; cubicle's manager reads 0 as "the maximum", so 0 becomes
-//     1 s. The manager caps it at the daemon's maximum lifetime.
+//     1 s. It is capped at the longest any API lets a sandbox live (366
+//     days, sandbox.MaxTimeoutSeconds), and the manager caps it at the
+//     daemon's maximum lifetime.
 //   - envVars: the sandbox's environment (names must be POSIX names).
+//
+// envVars, metadata and the egress allow-list are bounded by the rules
+// every API shares (sandbox.ValidateCreate), so this API admits the same
+// sandboxes as cubicle's own; a body must be valid UTF-8.
 //   - metadata: string to string, listed and filtered on as E2B does.
 //   - allow_internet_access and network.allowOut / network.denyOut, as far
 //     as cubicle's egress policy (none, all, or a CIDR allow-list) can say
