@@ -103,9 +103,13 @@ func TestDesktopEndToEnd(t *testing.T) {
 				t.Fatalf("create: %v", err)
 			}
 			t.Logf("sandbox %s (%s) running", sb.ID, sb.Isolation)
-			if sb.State != "running" || sb.Backend != backend || sb.Isolation != isolationOf(backend) {
-				t.Fatalf("created %+v, want running on %s with isolation %q", sb, backend, isolationOf(backend))
+			if sb.State != "running" {
+				t.Fatalf("created %+v, want it running", sb)
 			}
+			if sb.Backend != backend || sb.Isolation != isolationOf(backend) {
+				t.Errorf("created on %s with isolation %q, want %s with %q", sb.Backend, sb.Isolation, backend, isolationOf(backend))
+			}
+			// The isolation it reports is the one its kernel shows.
 			assertIsolation(t, c, sb.ID, sb.Isolation)
 
 			openTestPage(t, c, sb.ID)
@@ -197,12 +201,12 @@ mv /usr/bin/xdotool.off /usr/bin/xdotool; exit $rc`}})
 				t.Errorf("download after remove: %v, want not found", err)
 			}
 
-			// What one sandbox writes to its root filesystem is its own: not
-			// in the image, not in another sandbox of the same image.
-			assertIndependent(t, d, c, backend, sb.ID)
 			// Its VNC server is reachable only through the agent channel,
 			// never on a port of the host.
 			assertNoHostVNC(t, d, c, sb.ID)
+			// What one sandbox writes to its root filesystem is its own: not
+			// in the image, not in another sandbox of the same image.
+			assertIndependent(t, d, c, backend, sb.ID)
 
 			if err := c.Destroy(ctx, sb.ID); err != nil {
 				t.Fatal(err)

@@ -120,10 +120,12 @@ func snapshotHost(dataDir string, daemonPid int) hostState {
 		}
 	}
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	mountPoints := map[string]bool{}
 	for _, line := range strings.Split(string(mounts), "\n") {
 		f := strings.Fields(line)
 		if len(f) > 4 && (strings.HasPrefix(f[4], dataDir+"/") || strings.HasPrefix(f[4], "/run/netns/cubicle-") || strings.HasPrefix(f[4], fcChrootBase()+"/")) {
 			s["mount "+f[4]] = true
+			mountPoints[f[4]] = true
 		}
 	}
 	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
@@ -168,12 +170,16 @@ func snapshotHost(dataDir string, daemonPid int) hostState {
 			// and the pool.
 			s["path "+p] = true
 		}
+		if err == nil && e.IsDir() && mountPoints[p] {
+			return filepath.SkipDir // a sandbox's root file system: its mount is the trace
+		}
 		return nil
 	})
 	return s
 }
 
-// newSince lists what is in s but not in before, sorted.
+// newSince lists what is in s but not in before, sorted; past 40 lines it
+// says how many more.
 func (s hostState) newSince(before hostState) []string {
 	var out []string
 	for k := range s {
@@ -182,6 +188,9 @@ func (s hostState) newSince(before hostState) []string {
 		}
 	}
 	slices.Sort(out)
+	if len(out) > 40 {
+		out = append(out[:40], fmt.Sprintf("… and %d more", len(out)-40))
+	}
 	return out
 }
 
