@@ -46,10 +46,11 @@ unit:
 	$(GO) test -p 1 -count=1 -timeout 30m ./...
 	@echo "live-view browser test screenshots (artifacts):"; ls -1 $(CURDIR)/test-artifacts/liveview/*.png 2>/dev/null || echo "  (none: the browser test did not run)"
 
-# e2e runs the end-to-end suite; BACKEND=firecracker (on a KVM host) or
-# BACKEND=qemu runs the desktop flow on that backend instead of gvisor+runc.
+# e2e runs the whole end-to-end suite; BACKEND=firecracker (on a KVM host)
+# or BACKEND=qemu runs every test of it on that backend instead of
+# gvisor+runc (and, for firecracker, the driver's real-VM tests).
 e2e: deps image
-	BACKEND=$(BACKEND) CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -p 1 -count=1 -timeout 30m -v ./test/e2e/... \
+	BACKEND=$(BACKEND) CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -p 1 -count=1 -timeout 90m -v ./test/e2e/... \
 		$(if $(filter firecracker,$(BACKEND)),./internal/driver/firecracker/...)
 
 # security is the security suite on its own (make test runs it too): every
