@@ -453,8 +453,8 @@ func (s *suite) adoptDeadState(t *testing.T, st driver.State) driver.Box {
 	s.root.Cleanup(func() { _ = b.Stop(context.Background()) })
 	select {
 	case <-b.Wait():
-	case <-time.After(5 * time.Second):
-		t.Error("Adopt of a dead box: Wait not closed after 5 s (a dead box reported alive)")
+	case <-time.After(10 * time.Second):
+		t.Error("Adopt of a dead box: Wait not closed after 10 s (a dead box reported alive)")
 	}
 	return b
 }

@@ -34,5 +34,5 @@ func TestConformance(t *testing.T) {
 	t.Logf("accelerated: %v (%s)", d.Accelerated(context.Background()), d.AccelReason(context.Background()))
 	drivertest.Run(t, func(*testing.T) driver.Driver { return qemu.New(cfg) },
 		drivertest.StateDirs(cfg.StateDir), drivertest.VM(), drivertest.Image(rootfs),
-		drivertest.Boxes(2), drivertest.Timeouts(6*time.Minute, 8*time.Minute))
+		drivertest.Boxes(2), drivertest.Timeouts(6*time.Minute, 4*time.Minute))
 }
