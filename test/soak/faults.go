@@ -63,25 +63,32 @@ func (s *soak) halfMade(ctx context.Context, what string, meta map[string]string
 // made for it) for a few seconds. A create meanwhile must fail with a
 // clear error and leave nothing; running sandboxes go on.
 func (s *soak) dataDirFull(ctx context.Context, _ string) error {
+	end := s.faults.begin(faultDiskFull, "")
 	path, err := fill(s.dataDir)
-	defer os.Remove(path)
+	defer func() {
+		os.Remove(path)
+		end(2 * time.Second) // a create that met the full disk may answer a moment later
+	}()
 	if err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	meta := s.probeMeta()
+	t0 := time.Now()
 	sb, err := s.c.Create(cctx, client.CreateRequest{Metadata: meta})
 	cancel()
-	switch code := client.ErrorCode(err); {
+	switch why := s.faults.explainCreate(t0, time.Now(), err); {
 	case err == nil:
 		// Possible when a create found blocks another one freed.
 		s.track(sb.ID)
 		s.add("creates that succeeded on a full data dir", 1)
 		s.destroyProbes([]string{sb.ID})
-	case code == "" || code == "internal":
-		s.problem("create on a full data dir: %v (want a clear refusal)", err)
+	case why == faultDiskFull:
+		s.add("creates refused on a full data dir (503 unavailable, data directory is full)", 1)
+	case why != "":
+		s.add("creates refused: "+why, 1)
 	default:
-		s.add("creates refused on a full data dir ("+code+")", 1)
+		s.problem("create on a full data dir: %v (want 503 unavailable saying the data directory is full)", err)
 	}
 	s.halfMade(ctx, "data dir full", meta)
 	sleep(ctx, 5*time.Second) // the loops run on a full disk meanwhile
@@ -98,7 +105,11 @@ func (s *soak) dataDirFull(ctx context.Context, _ string) error {
 // overlapping fault: cubicled restarting, the disk full) is tried again.
 func (s *soak) poolExhausted(ctx context.Context, _ string) error {
 	var extra []string
-	defer func() { s.destroyProbes(extra) }()
+	end := s.faults.begin(faultPoolEmpty, "")
+	defer func() {
+		s.destroyProbes(extra)
+		end(2 * time.Second)
+	}()
 	for tries := 0; len(extra) <= s.poolSize; {
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -16,12 +16,24 @@
 // directory, socket, network namespace, veth or nft rule of any sandbox it
 // made may be left, and the store must list none alive.
 //
-// It reports, in Markdown: faults injected by kind, sandboxes made, lost
-// (a sandbox that stopped though no fault hit it) and stuck (a create that
-// never became ready), p50/p99 of screenshot, click and exec latency under
-// that load, cubicled's restart time, the loops' achieved rate (each
-// loop's too), and cubicled's RSS at the start, before each kill and at
-// the end. It exits 1 if the audit or the loops found anything wrong.
+// It scores what a user would call a problem (score.go): every create that
+// fails and every failed request on a running sandbox is one, unless a
+// fault aimed at that create or sandbox was in effect at the time and the
+// error is the one it causes (no answer while cubicled is down, 503 "data
+// directory is full" on a full disk, capacity_exhausted for want of an
+// address on an empty pool, anything on a sandbox whose runtime was killed
+// or, for -recovery, whose desktop was killed inside). Clients that go
+// away or are slow must not be felt by the others at all. So is a loop
+// slower than -min-rate screenshot+click per second while it has a
+// sandbox (default 1 Hz, an agent loop's need), a sandbox lost without a
+// kill of its runtime, one stuck starting, and anything the final audit
+// finds left.
+//
+// It reports, in Markdown: faults injected by kind, sandboxes made, the
+// errors each fault explained, the problems, p50/p99 of screenshot, click
+// and exec latency under that load, cubicled's restart time, the loops'
+// achieved rate (each loop's too), and cubicled's RSS at the start,
+// before each kill and at the end. It exits 1 if there is any problem.
 package main
 
 import (
@@ -65,7 +77,7 @@ type soak struct {
 	mu       sync.Mutex
 	lat      map[string][]time.Duration
 	count    map[string]int
-	faulted  map[string]bool // sandboxes a fault was aimed at
+	faults   *faultLog
 	all      map[string]bool // every sandbox made
 	current  map[int]string  // worker → its sandbox now
 	problems []string
@@ -74,6 +86,7 @@ type soak struct {
 	loopActions map[int]int
 	loopInUse   map[int]time.Duration
 	period      time.Duration // of a loop's screenshot+click
+	minRate     float64       // Hz the slowest loop must keep
 	session     time.Duration // mean time a loop keeps a sandbox
 	// probeBackend is the backend of the address-pool fault's sandboxes.
 	probeBackend string
@@ -95,6 +108,8 @@ func run() error {
 		dataMB     = flag.Int("data-mb", 16384, "size of the small filesystem made for the daemon's data directory (the \"data dir full\" fault fills it)")
 		out        = flag.String("out", "", "also write the report to this file")
 		benchmarks = flag.String("benchmarks", "", "also write the report as the soak section of this file (BENCHMARKS.md)")
+		minRate    = flag.Float64("min-rate", 1, "screenshot+click per second the slowest loop must keep while it has a sandbox (the 1 Hz an agent loop needs); below it the run fails")
+		recovery   = flag.Duration("recovery", time.Minute, "how long a desktop may take to come back after its processes were killed inside the sandbox; errors on it after that are problems")
 	)
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -127,12 +142,12 @@ func run() error {
 	}
 	defer d.Stop()
 	s := &soak{
-		dataDir: dataDir, poolSize: poolSize(cidr), period: *period, session: *session, probeBackend: *probe,
+		dataDir: dataDir, poolSize: poolSize(cidr), period: *period, minRate: *minRate, session: *session, probeBackend: *probe,
 		d: d, c: client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(3*time.Minute)),
 		log:     func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+f+"\n", a...) },
 		lat:     map[string][]time.Duration{},
 		count:   map[string]int{},
-		faulted: map[string]bool{},
+		faults:  &faultLog{recovery: *recovery},
 		all:     map[string]bool{},
 		current: map[int]string{},
 
@@ -159,6 +174,7 @@ func run() error {
 	rssEnd := rss(d.Pid())
 
 	s.log("loops done after %v; destroying everything and auditing", time.Since(start).Round(time.Second))
+	s.checkRates(*n)
 	s.audit(dataDir)
 	report := s.report(*n, *backend, time.Since(start), rssStart, rssEnd)
 	fmt.Print(report)
@@ -205,14 +221,19 @@ func (s *soak) timed(kind string, f func() error) error {
 func (s *soak) agentLoop(ctx context.Context, worker int) {
 	for ctx.Err() == nil {
 		var sb client.Sandbox
+		t0 := time.Now()
 		err := s.timed("create", func() (err error) {
 			sb, err = s.c.Create(ctx, client.CreateRequest{})
 			return err
 		})
 		if err != nil {
 			if ctx.Err() == nil {
-				s.add("create refused or failed", 1)
-				s.log("worker %d: create: %v", worker, err)
+				if why := s.faults.explainCreate(t0, time.Now(), err); why != "" {
+					s.add("creates refused: "+why, 1)
+					s.log("worker %d: create: %v (%s)", worker, err, why)
+				} else {
+					s.problem("worker %d: create failed and no fault explains it: %v", worker, err)
+				}
 				sleep(ctx, 2*time.Second)
 			}
 			continue
@@ -222,7 +243,7 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 		s.current[worker] = sb.ID
 		s.mu.Unlock()
 		s.add("sandboxes made", 1)
-		t0 := time.Now()
+		t0 = time.Now()
 		s.use(ctx, worker, sb.ID, s.session/2+rand.N(s.session))
 		s.mu.Lock()
 		s.loopInUse[worker] += time.Since(t0)
@@ -275,11 +296,12 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			if ctx.Err() != nil {
 				return
 			}
-			if client.ErrorCode(err) == "" {
-				// No answer from cubicled (killed, restarting): not the
-				// sandbox's doing.
-				s.add("requests refused while cubicled restarted", 1)
-			} else if s.gone(worker, id, err) {
+			if why := s.faults.explainRequest(id, tick, time.Now(), err); why != "" {
+				s.add("errors explained: "+why, 1)
+			} else {
+				s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
+			}
+			if !noAnswer(err) && s.gone(worker, id, err) {
 				return
 			}
 		} else {
@@ -292,8 +314,8 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 	}
 }
 
-// gone decides what an error means: the sandbox was killed by a fault
-// (move on), a problem (it died by itself), or a passing hiccup.
+// gone decides whether the sandbox of a failed request has ended: killed
+// by a fault (move on), ended by itself (a problem), or still running.
 func (s *soak) gone(worker int, id string, err error) bool {
 	gctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -305,21 +327,15 @@ func (s *soak) gone(worker int, id string, err error) bool {
 		}
 		sleep(gctx, time.Second)
 	}
-	s.mu.Lock()
-	hit := s.faulted[id]
-	s.mu.Unlock()
 	switch {
 	case gerr != nil && client.IsNotFound(gerr):
 		s.problem("worker %d: sandbox %s vanished (%v)", worker, id, err)
 		return true
 	case gerr != nil:
-		s.add("requests refused while cubicled restarted", 1)
-		return false
+		return false // the daemon is down; the next request tells
 	case sb.State == "running":
-		s.add("errors on a running sandbox", 1)
-		s.log("worker %d: %s: %v", worker, id, err)
 		return false
-	case hit:
+	case s.faults.killed(id):
 		s.add("sandboxes lost to a fault", 1)
 		return true
 	default:
@@ -338,13 +354,13 @@ func (s *soak) injectFaults(ctx context.Context, period time.Duration) {
 		name string
 		f    func(context.Context, string) error
 	}{
-		{"kill -9 of a sandbox's runtime", s.killRuntime},
-		{"kill -9 of cubicled", s.killDaemon},
+		{faultRuntimeKill, s.killRuntime},
+		{faultDaemonKill, s.killDaemon},
 		{"client gone mid-exec", s.disconnectExec},
 		{"client gone mid-upload", s.disconnectUpload},
-		{"agent's processes killed inside the sandbox", s.killInside},
-		{"data dir full", s.dataDirFull},
-		{"address pool exhausted", s.poolExhausted},
+		{faultKillInside, s.killInside},
+		{faultDiskFull, s.dataDirFull},
+		{faultPoolEmpty, s.poolExhausted},
 		{"slow clients", s.slowClients},
 	}
 	var wg sync.WaitGroup
@@ -392,14 +408,12 @@ func (s *soak) victim() string {
 	return ids[rand.IntN(len(ids))]
 }
 
-func (s *soak) mark(id string) { s.mu.Lock(); s.faulted[id] = true; s.mu.Unlock() }
-
 func (s *soak) killRuntime(_ context.Context, id string) error {
 	pids := harness.HostProcesses(id)
 	if len(pids) == 0 {
 		return errors.New("no host process")
 	}
-	s.mark(id)
+	s.faults.begin(faultRuntimeKill, id) // for good: the sandbox is dead
 	for _, p := range pids {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
@@ -414,6 +428,8 @@ func (s *soak) killDaemon(ctx context.Context, _ string) error {
 		s.rssBeforeKill = append(s.rssBeforeKill, kb)
 		s.mu.Unlock()
 	}
+	end := s.faults.begin(faultDaemonKill, "")
+	defer end(afterRestart)
 	s.d.Kill9()
 	sleep(ctx, time.Duration(rand.IntN(2000))*time.Millisecond)
 	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -447,7 +463,8 @@ func (s *soak) disconnectUpload(ctx context.Context, id string) error {
 }
 
 func (s *soak) killInside(ctx context.Context, id string) error {
-	s.mark(id)
+	end := s.faults.begin(faultKillInside, id)
+	defer end(s.faults.recovery)
 	// Everything but init: the session (Xvfb, Chromium, x11vnc), which the
 	// agent's supervisor must bring back.
 	// The exec may die with the rest: its error is expected.
@@ -585,8 +602,8 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 	}
 	if len(rates) > 0 {
 		slices.Sort(rates)
-		fmt.Fprintf(&b, "Per loop, while its sandbox was in use: slowest %.2f Hz, median %.2f Hz, fastest %.2f Hz.\n\n",
-			rates[0], rates[len(rates)/2], rates[len(rates)-1])
+		fmt.Fprintf(&b, "Per loop, while its sandbox was in use: slowest %.2f Hz, median %.2f Hz, fastest %.2f Hz (floor %.2f Hz: a slower loop is a problem).\n\n",
+			rates[0], rates[len(rates)/2], rates[len(rates)-1], s.minRate)
 	}
 	fmt.Fprintf(&b, "| operation | n | p50 | p99 |\n|---|---|---|---|\n")
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
@@ -615,6 +632,21 @@ func (s *soak) report(n int, backend string, took time.Duration, rssStart, rssEn
 		fmt.Fprintf(&b, "- %s\n", p)
 	}
 	return b.String()
+}
+
+// checkRates makes a problem of every loop slower than s.minRate.
+func (s *soak) checkRates(n int) {
+	s.mu.Lock()
+	var probs []string
+	for w := range n {
+		if p := rateProblem(w, s.loopActions[w], s.loopInUse[w], s.minRate); p != "" {
+			probs = append(probs, p)
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range probs {
+		s.problem("%s", p)
+	}
 }
 
 func meanMiB(kb []int) float64 {

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+)
+
+// apiErr is an answer of cubicled as the SDK returns it.
+func apiErr(status int, code, msg string) error {
+	return &client.APIError{Status: status, Code: code, Message: msg}
+}
+
+var (
+	errNoAnswer   = fmt.Errorf("post: %w", errors.New("connection refused"))
+	errDiskFull   = apiErr(503, "unavailable", "cubicled's data directory is full; no sandbox can be made until space is freed")
+	errNoAddress  = apiErr(503, "capacity_exhausted", "create sandbox: no free address in 10.89.77.0/28")
+	errStartFail  = apiErr(503, "unavailable", "create sandbox: desktop not ready in time")
+	errInternal   = apiErr(500, "internal", "internal error")
+	errRestarting = apiErr(503, "unavailable", "the desktop is restarting")
+)
+
+func TestExplain(t *testing.T) {
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	// One fault of each kind, each at its own time: [start, end) in
+	// seconds from t0; the runtime kill never ends.
+	f := &faultLog{recovery: time.Minute}
+	for _, w := range []window{
+		{kind: faultDaemonKill, start: at(100), end: at(110)},
+		{kind: faultDiskFull, start: at(200), end: at(205)},
+		{kind: faultPoolEmpty, start: at(300), end: at(320)},
+		{kind: faultKillInside, target: "inside", start: at(400), end: at(460)},
+		{kind: faultRuntimeKill, target: "killed", start: at(500)},
+		{kind: "client gone mid-exec", target: "victim", start: at(600), end: at(601)},
+	} {
+		f.windows = append(f.windows, &w)
+	}
+	tests := []struct {
+		name   string
+		create bool   // a create (else a request on sandbox id)
+		id     string // the request's sandbox
+		from   int    // seconds from t0, the request's start and end
+		to     int
+		err    error
+		want   string // the fault that explains it; "" a problem
+	}{
+		{"create, no fault", true, "", 10, 15, errStartFail, ""},
+		{"create without an answer, no fault", true, "", 10, 15, errNoAnswer, ""},
+		{"create cut by the daemon's kill", true, "", 95, 101, errNoAnswer, faultDaemonKill},
+		{"create while the daemon restarts", true, "", 105, 106, errNoAnswer, faultDaemonKill},
+		{"create failing as the daemon comes back", true, "", 109, 112, errRestarting, faultDaemonKill},
+		{"create failing inside, while the daemon restarts", true, "", 105, 106, errInternal, ""},
+		{"create on a full disk", true, "", 199, 203, errDiskFull, faultDiskFull},
+		{"create failing otherwise on a full disk", true, "", 199, 203, errStartFail, ""},
+		{"create saying the disk is full, when it is not", true, "", 250, 251, errDiskFull, ""},
+		{"create on an empty pool", true, "", 310, 312, errNoAddress, faultPoolEmpty},
+		{"create on an empty pool, failing otherwise", true, "", 310, 312, errInternal, ""},
+		{"create without an address, pool not emptied", true, "", 330, 331, errNoAddress, ""},
+		{"create during a sandbox's fault", true, "", 410, 420, errStartFail, ""},
+		{"request, no fault", false, "any", 10, 11, errInternal, ""},
+		{"request without an answer, no fault", false, "any", 10, 11, errNoAnswer, ""},
+		{"request cut by the daemon's kill", false, "any", 99, 100, errNoAnswer, faultDaemonKill},
+		{"request failing inside, while the daemon restarts", false, "any", 105, 106, errInternal, ""},
+		{"request on a full disk", false, "any", 201, 202, errInternal, ""},
+		{"request on its desktop being killed", false, "inside", 430, 431, errRestarting, faultKillInside},
+		{"request on its desktop, after the recovery time", false, "inside", 470, 471, errRestarting, ""},
+		{"request on another sandbox while one's desktop is killed", false, "other", 430, 431, errRestarting, ""},
+		{"request on a killed sandbox", false, "killed", 900, 901, errInternal, faultRuntimeKill},
+		{"request on a sandbox before its kill", false, "killed", 490, 491, errInternal, ""},
+		{"request on the sandbox of a client gone mid-exec", false, "victim", 600, 601, errInternal, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got string
+			if tt.create {
+				got = f.explainCreate(at(tt.from), at(tt.to), tt.err)
+			} else {
+				got = f.explainRequest(tt.id, at(tt.from), at(tt.to), tt.err)
+			}
+			if got != tt.want {
+				t.Errorf("explained by %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestRateProblem(t *testing.T) {
+	tests := []struct {
+		actions int
+		inUse   time.Duration
+		floor   float64
+		problem string // in the problem; "" none
+	}{
+		{120, time.Minute, 1, ""},
+		{60, time.Minute, 1, ""},
+		{59, time.Minute, 1, "0.98 screenshot+click per second"},
+		{600, 10 * time.Minute, 1.5, "1.00 screenshot+click per second while it had a sandbox, below the floor of 1.50 Hz"},
+		{0, 0, 1, "never had a running sandbox"},
+	}
+	for _, tt := range tests {
+		got := rateProblem(3, tt.actions, tt.inUse, tt.floor)
+		if tt.problem == "" && got != "" || tt.problem != "" && !strings.Contains(got, tt.problem) {
+			t.Errorf("%d actions in %v, floor %.2f Hz: problem %q, want %q", tt.actions, tt.inUse, tt.floor, got, tt.problem)
+		}
+	}
+}
