@@ -1,7 +1,12 @@
-// Package e2e drives a real cubicled with the real desktop image on the
-// gvisor and runc backends through the REST API (via the Go SDK), and checks
-// what a user would see: pixels, window titles, command output, files — and
-// that nothing of a sandbox is left on the host after it is destroyed.
+// Package e2e drives a real cubicled with the real desktop image through
+// the REST API (via the Go SDK), and checks what a user would see: pixels,
+// window titles, command output, files — and that nothing of a sandbox is
+// left on the host after it is destroyed.
+//
+// Each test runs on its own default backends (gvisor and runc mostly; qemu
+// where `make test` affords it), or on every backend CUBICLE_E2E_BACKEND
+// names, comma separated: `make e2e BACKEND=firecracker` runs the whole
+// suite on Firecracker, `make e2e BACKEND=qemu` on QEMU.
 package e2e
 
 import (
