@@ -200,10 +200,14 @@ func (b *box) Stop(ctx context.Context) error {
 	return nil
 }
 
-// Adopt re-attaches to a box from its State. When the container is no longer
-// running, Adopt still returns a Box — with Wait already closed — so the
-// caller can Stop it to free its directory and mounts; an error means the
-// state itself is unusable (Cleanup then removes what is left).
+// Adopt re-attaches to a box from its State. When the runtime says the
+// container does not exist or is not running, Adopt still returns a Box —
+// with Wait already closed — so the caller can Stop it to free its
+// directory and mounts. When the runtime fails or does not answer within
+// a bound, the container is not taken for dead: the Box is returned with
+// Wait open, and the runtime is asked again in the background until it
+// answers (see adopt.go). An error means the state itself is unusable
+// (Cleanup then removes what is left).
 func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
 	if st.Driver != d.Name() {
 		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
@@ -221,14 +225,25 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 	if data.Dir != d.boxDir(data.ID) {
 		return nil, fmt.Errorf("adopt %s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
 	}
-	cs, err := d.state(ctx, data.ID)
-	if err != nil || cs.Status != "running" || cs.Pid <= 0 {
-		b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
-		b.markDead()
-		return b, nil
+	cs, v, _ := d.probe(ctx, data.ID)
+	switch v {
+	case verdictGone:
+		return deadBox(d, data), nil
+	case verdictUnknown:
+		// No answer is not death: the box is adopted and the runtime
+		// asked again (adopt.go).
+		return d.adoptUnsure(data), nil
 	}
 	data.Pid = cs.Pid
 	return newBox(d, data), nil
+}
+
+// deadBox returns the handle of a container that is gone: Wait is closed,
+// and Stop frees what is left of it.
+func deadBox(d *Driver, data boxData) *box {
+	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+	b.markDead()
+	return b
 }
 
 // Cleanup deletes every container in the runtime root and every box

@@ -71,6 +71,11 @@ type Config struct {
 // Driver starts boxes with runsc or runc. It is safe for concurrent use.
 type Driver struct {
 	cfg Config
+	// adoptProbe bounds one runtime call of Adopt, and adoptRetry is the
+	// first wait before a box the runtime could not tell about is asked
+	// about again; zero means the defaults of adopt.go (tests shorten
+	// them).
+	adoptProbe, adoptRetry time.Duration
 }
 
 var _ driver.Driver = (*Driver)(nil)
