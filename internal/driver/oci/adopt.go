@@ -3,7 +3,6 @@ package oci
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"os/exec"
 	"sync"
@@ -162,22 +161,15 @@ func (u *unsureBox) stopAsking() {
 	u.markDead()
 }
 
+// view is a box for the calls that only need the box's data and its Wait
+// channel; it watches nothing.
+func (u *unsureBox) view() *box { return &box{d: u.d, data: u.data, dead: u.dead} }
+
 // DialAgent opens a connection to the agent's socket, as box.DialAgent.
-func (u *unsureBox) DialAgent(ctx context.Context) (net.Conn, error) {
-	select {
-	case <-u.dead:
-		return nil, fmt.Errorf("box %s: not running", u.data.ID)
-	default:
-	}
-	c, err := dialAgent(ctx, u.data.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("box %s: dial agent: %w", u.data.ID, err)
-	}
-	return c, nil
-}
+func (u *unsureBox) DialAgent(ctx context.Context) (net.Conn, error) { return u.view().DialAgent(ctx) }
 
 // State returns the handle Adopt takes, as box.State.
-func (u *unsureBox) State() driver.State { return (&box{d: u.d, data: u.data}).State() }
+func (u *unsureBox) State() driver.State { return u.view().State() }
 
 // Wait returns a channel closed once the runtime has said the container is
 // gone, the watched container has died, or the box was stopped.
