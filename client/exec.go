@@ -36,6 +36,9 @@ type ExecResult struct {
 	// Truncated is set when the output exceeded the daemon's cap and was
 	// cut short.
 	Truncated bool `json:"truncated,omitempty"`
+	// TimedOut is set when ExecRequest.TimeoutSeconds killed the command
+	// (ExitCode is then -1, as for a command killed otherwise).
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 // Exec runs a command to completion and returns its output and exit code.
@@ -81,6 +84,9 @@ type ExecEvent struct {
 	ExitCode *int `json:"exit_code,omitempty"`
 	// Truncated is set when the daemon stopped forwarding output at its cap.
 	Truncated bool `json:"truncated,omitempty"`
+	// TimedOut is set on the final event when the command's timeout killed
+	// it.
+	TimedOut bool `json:"timed_out,omitempty"`
 }
 
 // streamLine is the wire form of an NDJSON line, which may also carry an

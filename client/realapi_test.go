@@ -302,8 +302,11 @@ func TestSDKAgainstRealAPI(t *testing.T) {
 		}
 		t0 := time.Now()
 		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: "sleep 30", TimeoutSeconds: 1})
-		if took := time.Since(t0); err != nil || res.ExitCode == 0 || took > 15*time.Second {
-			t.Errorf("sleep 30 with a 1 s timeout: %+v, %v after %v; want it killed after about 1 s", res, err, took)
+		if took := time.Since(t0); err != nil || res.ExitCode == 0 || !res.TimedOut || took > 15*time.Second {
+			t.Errorf("sleep 30 with a 1 s timeout: %+v, %v after %v; want it killed after about 1 s, TimedOut", res, err, took)
+		}
+		if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: "exit 3"}); err != nil || res.TimedOut {
+			t.Errorf("exit 3: %+v, %v; want not TimedOut", res, err)
 		}
 		for _, tt := range []struct {
 			name string

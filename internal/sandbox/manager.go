@@ -662,6 +662,9 @@ func (m *Manager) watch(e *entry) {
 		defer m.wg.Done()
 		select {
 		case <-e.box.Wait():
+			if isClosed(e.ending) {
+				return // stopped on purpose: teardown closed ending first
+			}
 			m.log.Warn("sandbox died", "sandbox", e.rec.Sandbox.ID)
 			m.teardown(e, "dead")
 		case <-e.stopped:
