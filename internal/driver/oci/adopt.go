@@ -82,8 +82,8 @@ type unsureBox struct {
 	stopOnce sync.Once
 	done     chan struct{} // closed when the asking goroutine has ended
 
-	mu    sync.Mutex
-	inner *box // the watched box, once the runtime said it runs
+	mu      sync.Mutex
+	inner   *box // the watched box, once the runtime said it runs
 	stopped bool // a Stop freed everything
 }
 
