@@ -119,6 +119,7 @@ func Run(t *testing.T, newDriver Factory, opts ...Option) {
 	if cfg.boxes != 2 && cfg.boxes != 3 {
 		t.Fatalf("drivertest.Run: Boxes(%d): want 2 or 3", cfg.boxes)
 	}
+	needs.Long(t, "boots desktops in real boxes")
 	needs.Root(t)
 	needs.Command(t, "losetup")
 	if cfg.image == "" {
