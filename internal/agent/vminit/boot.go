@@ -68,6 +68,9 @@ func Boot(log *slog.Logger) (Config, error) {
 	if err := mount(root, "/newroot", "ext4", 0, ""); err != nil {
 		return Config{}, err
 	}
+	if err := exposeAgent("/newroot" + AgentPath); err != nil {
+		log.Warn("the agent binary is not at its path in the guest", "path", AgentPath, "err", err)
+	}
 	if err := switchRoot("/newroot"); err != nil {
 		return Config{}, err
 	}
@@ -84,6 +87,38 @@ func Boot(log *slog.Logger) (Config, error) {
 		log.Error("network setup", "err", err)
 	}
 	return cfg, nil
+}
+
+// AgentPath is where programs in a sandbox find the agent binary: the
+// desktop image's xdotool wrapper runs "AgentPath xdotool type" so that the
+// agent types. Container drivers bind-mount the binary there; a VM's is
+// exposeAgent's doing.
+const AgentPath = "/opt/cubicle/bin/cubicle-agent"
+
+// exposeAgent bind-mounts this very binary (the initramfs's /init) read-only
+// at path, before switchRoot moves the new root, and the mount with it, onto
+// /. The initramfs's file is deleted then, but the mount keeps it: no copy,
+// no memory. Only an empty mount point is written to the sandbox's disk.
+func exposeAgent(path string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o755); err != nil {
+		return err
+	} else if err := f.Close(); err != nil {
+		return err
+	}
+	if err := unix.Mount(exe, path, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s: %w", exe, path, err)
+	}
+	if err := unix.Mount("", path, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		return fmt.Errorf("make %s read-only: %w", path, err)
+	}
+	return nil
 }
 
 // PowerOff syncs the disks and powers the VM off. It does not return.
