@@ -190,14 +190,19 @@ func testLimits(t *testing.T, backend string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("fork bomb for 20 s: %s; the sandbox is %s", bomb, sb.State)
 	if isVM(backend) {
 		// The guest's processes are the guest kernel's: on the host the
 		// VM stays its VMM process.
+		inside := "no answer"
+		if r, err := c.Exec(ctx, hostile.ID, client.ExecRequest{Command: `ls /proc | grep -c '^[0-9]*$'`, TimeoutSeconds: 60}); err == nil {
+			inside = strings.TrimSpace(r.Stdout) + " processes"
+		}
+		t.Logf("fork bomb for 20 s in the VM: %s inside, at most %d host processes (%d before); the sandbox is %s", inside, bomb.hostMax, hostBefore, sb.State)
 		if bomb.hostMax > hostBefore {
 			t.Errorf("fork bomb in a VM: %d host processes of the sandbox, %d before it", bomb.hostMax, hostBefore)
 		}
 	} else {
+		t.Logf("fork bomb for 20 s: %s; the sandbox is %s", bomb, sb.State)
 		switch {
 		case bomb.limit <= 0:
 			t.Errorf("the sandbox has no pids limit (pids.max %q)", bomb.maxText)
