@@ -12,9 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
 // stateVersion is the version of the State blob this driver writes.
@@ -36,85 +35,36 @@ type box struct {
 
 	dead     chan struct{} // closed when the container is gone
 	deadOnce sync.Once
-	stop     chan struct{} // closed to end the watcher
-	stopOnce sync.Once
-	watchers sync.WaitGroup
+	watch    *procwatch.Watcher // nil for a box adopted dead
 
 	mu      sync.Mutex // serializes Stop
 	stopped bool
 }
 
 func newBox(d *Driver, data boxData) *box {
-	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
-	b.watchers.Add(1)
-	go b.watch()
+	b := &box{d: d, data: data, dead: make(chan struct{})}
+	p := procwatch.Process{Pid: data.Pid}
+	if cur, err := procwatch.Lookup(data.Pid); err == nil {
+		p = cur // against the pid being reused once the container ends
+	}
+	b.watch = procwatch.Watch(p, procwatch.Options{OnEnd: b.markDead})
 	return b
 }
 
 func (b *box) markDead() { b.deadOnce.Do(func() { close(b.dead) }) }
 
-// stopWatch ends the watcher goroutine and waits for it.
+// stopWatch stops watching the container's process (a Stop, or a test
+// forgetting the box as a crashed daemon would). The box counts as dead
+// from then on.
 func (b *box) stopWatch() {
-	b.stopOnce.Do(func() { close(b.stop) })
-	b.watchers.Wait()
-}
-
-// watch closes b.dead when the container's pid exits. It uses a pidfd, so a
-// recycled pid cannot fool it, and falls back to polling kill(pid, 0).
-func (b *box) watch() {
-	defer b.watchers.Done()
-	pid := b.data.Pid
-	fd, err := unix.PidfdOpen(pid, 0)
-	if errors.Is(err, unix.ESRCH) {
-		b.markDead()
-		return
+	if b.watch != nil {
+		b.watch.Stop()
 	}
-	if err != nil {
-		for {
-			if !alive(pid) {
-				b.markDead()
-				return
-			}
-			select {
-			case <-b.stop:
-				return
-			case <-time.After(250 * time.Millisecond):
-			}
-		}
-	}
-	defer unix.Close(fd)
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-	for {
-		n, err := unix.Poll(fds, 250)
-		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
-			b.markDead()
-			return
-		}
-		select {
-		case <-b.stop:
-			return
-		default:
-		}
-	}
+	b.markDead()
 }
 
 // alive reports whether pid exists and is not a zombie.
-func alive(pid int) bool {
-	if unix.Kill(pid, 0) != nil {
-		return false
-	}
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	// The state follows the ")" closing the command name.
-	for i := len(data) - 1; i >= 0; i-- {
-		if data[i] == ')' {
-			return i+2 < len(data) && data[i+2] != 'Z'
-		}
-	}
-	return true
-}
+func alive(pid int) bool { return procwatch.Process{Pid: pid}.Alive() }
 
 // waitAgent waits until the agent accepts a connection on its socket, the
 // container dies, or ctx ends.
@@ -241,7 +191,7 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 // deadBox returns the handle of a container that is gone: Wait is closed,
 // and Stop frees what is left of it.
 func deadBox(d *Driver, data boxData) *box {
-	b := &box{d: d, data: data, dead: make(chan struct{}), stop: make(chan struct{})}
+	b := &box{d: d, data: data, dead: make(chan struct{})}
 	b.markDead()
 	return b
 }
