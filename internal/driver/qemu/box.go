@@ -218,11 +218,17 @@ func (b *box) Stop(ctx context.Context) error {
 	var errs []error
 	if running(b.data.Pid, b.data.StartTime) {
 		qctx, qcancel := context.WithTimeout(ctx, 3*time.Second)
-		_ = qmpCommand(qctx, filepath.Join(b.data.Dir, "qmp.sock"), "quit")
+		qerr := qmpCommand(qctx, filepath.Join(b.data.Dir, "qmp.sock"), "quit")
 		qcancel()
+		wait := 5 * time.Second
+		if qerr != nil {
+			// No QMP yet (a VM stopped in its first moments) or none
+			// any more: nothing will end QEMU but the signal.
+			wait = 0
+		}
 		select {
 		case <-b.dead:
-		case <-time.After(5 * time.Second):
+		case <-time.After(wait):
 			_ = unix.Kill(b.data.Pid, unix.SIGKILL)
 		}
 		if !waitGone(b.data.Pid, b.data.StartTime, 10*time.Second) {
