@@ -38,7 +38,8 @@ const e2bDomain = "e2b.test"
 
 // TestE2BSDK runs the JavaScript suite in test/e2b-js: the unmodified e2b
 // and @e2b/desktop SDKs (pinned by its package-lock.json) against a real
-// cubicled on gvisor, configured only the way E2B's users configure them
+// cubicled on gvisor (or the backend CUBICLE_E2E_BACKEND names), configured
+// only the way E2B's users configure them
 // (E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN, E2B_API_KEY). The suite's
 // desktop.launch test also makes one runc sandbox (through the native API:
 // E2B's has no backend choice), where gtk-launch works. It then checks
@@ -49,7 +50,6 @@ const e2bDomain = "e2b.test"
 // skips at the end.
 func TestE2BSDK(t *testing.T) {
 	needs.Root(t)
-	needs.Runtime(t, "runsc")
 	needs.Runtime(t, "runc")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
 	needs.Command(t, "node", "npm")
@@ -57,6 +57,17 @@ func TestE2BSDK(t *testing.T) {
 
 	jsDir := filepath.Join(harness.RepoRoot(), "test", "e2b-js")
 	npmCI(t, jsDir)
+	// The SDKs' sandboxes run on the daemon's default backend: gvisor, or
+	// what CUBICLE_E2E_BACKEND names (make e2e BACKEND=firecracker).
+	for _, backend := range selectedBackends("gvisor") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testE2BSDK(t, jsDir, backend)
+		})
+	}
+}
+
+func testE2BSDK(t *testing.T, jsDir, backend string) {
 
 	pki := t.TempDir()
 	caFile, certFile, keyFile := writeTestPKI(t, pki, "*."+e2bDomain, e2bDomain)
@@ -74,7 +85,7 @@ func TestE2BSDK(t *testing.T) {
 	d, err := harness.Start(ctx, harness.Options{
 		DataDir:        dataDir,
 		ImageDir:       imageDir(),
-		DefaultBackend: "gvisor",
+		DefaultBackend: backend,
 		APIKey:         apiKey,
 		Args: []string{
 			"--e2b-domain", e2bDomain,
