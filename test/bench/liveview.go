@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"log"
 	"net/http"
 	"strconv"
 	"strings"
@@ -63,7 +64,11 @@ func measureLiveView(ctx context.Context, d *harness.Daemon, c *client.Client, i
 	if _, err := c.Upload(ctx, id, "/tmp/anim.html", strings.NewReader(animPage)); err != nil {
 		return []liveViewResult{{err: err}}
 	}
-	if _, err := c.Actions(ctx, id, client.PressKey("ctrl+l"), client.TypeText("file:///tmp/anim.html"), client.PressKey("Return")); err != nil {
+	// Opened by the browser itself (the running Chromium takes the URL
+	// from a second launch), not typed into its address bar: after the
+	// E2B SDK's clicks the omnibox may not have the focus, and a URL typed
+	// elsewhere becomes a search.
+	if _, err := c.Exec(ctx, id, client.ExecRequest{Argv: []string{"/usr/local/bin/cubicle-browser", "file:///tmp/anim.html"}, User: "user"}); err != nil {
 		return []liveViewResult{{err: err}}
 	}
 	time.Sleep(5 * time.Second)
@@ -150,12 +155,15 @@ func pageFPS(ctx context.Context, c *client.Client, id string) int {
 	if err != nil {
 		return 0
 	}
+	var titles []string
 	for _, w := range ws {
 		if rest, ok := strings.CutPrefix(w.Title, "anim "); ok {
 			n, _ := strconv.Atoi(strings.Fields(rest)[0])
 			return n
 		}
+		titles = append(titles, w.Title)
 	}
+	log.Printf("live view: the animating page is not open (windows: %q)", titles)
 	return 0
 }
 
