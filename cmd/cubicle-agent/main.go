@@ -28,6 +28,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/agent/desktop"
+	"github.com/cubicle-dev/cubicle/internal/agent/detect"
 	"github.com/cubicle-dev/cubicle/internal/agent/reap"
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
@@ -69,9 +70,9 @@ func main() {
 
 // run serves the agent on a unix socket at listen (unless ""), on
 // listenTCP (unless "") and on extra, until SIGTERM or SIGINT. Without a
-// session config at sessionPath, detect makes the session from what the
-// image has.
-func run(log *slog.Logger, listen, listenTCP, sessionPath string, detect bool, defaultUser string, insecure bool, extra []net.Listener) error {
+// session config at sessionPath, detectDesktop makes the session from what
+// the image has.
+func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop bool, defaultUser string, insecure bool, extra []net.Listener) error {
 	token := agent.TokenFromEnv() // before anything can inherit the environment
 	env := os.Environ()
 
@@ -80,14 +81,14 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detect bool, d
 	if sessionPath != "" {
 		c, err := session.Load(sessionPath)
 		switch {
-		case errors.Is(err, fs.ErrNotExist) && detect:
+		case errors.Is(err, fs.ErrNotExist) && detectDesktop:
 			// An image that knows nothing of cubicle: run the desktop
 			// it has, or none.
-			found, derr := session.Detect("/")
+			found, derr := detect.Detect("/")
 			if derr != nil {
 				log.Warn("desktop detection", "err", derr)
 			}
-			if c, ok := found.SessionConfig(); ok {
+			if c, ok := session.FromFound(found); ok {
 				log.Info("desktop session from what the image has", "x_server", found.XServer,
 					"session", found.Session, "browser", found.Browser, "vnc", found.VNC, "user", found.User)
 				cfg = &c

@@ -34,7 +34,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/cubicle-dev/cubicle/internal/agent/session"
+	"github.com/cubicle-dev/cubicle/internal/agent/detect"
 )
 
 // DefaultDir is where images live unless configured otherwise.
@@ -64,12 +64,12 @@ type Image struct {
 	CreatedAt  time.Time `json:"created_at"`
 	SizeBytes  int64     `json:"size_bytes"` // apparent size of the rootfs
 	// Desktop is what the image has for a desktop session, as the agent in
-	// its sandboxes will find it (see session.Detect): without an X server
+	// its sandboxes will find it (see detect.Detect): without an X server
 	// its sandboxes are headless.
-	Desktop *session.Found `json:"desktop,omitempty"`
-	Cached  bool           `json:"-"` // Build found it up to date
-	Dir     string         `json:"-"` // IMAGEDIR/NAME
-	RootFS  string         `json:"-"` // IMAGEDIR/NAME/rootfs
+	Desktop *detect.Found `json:"desktop,omitempty"`
+	Cached  bool          `json:"-"` // Build found it up to date
+	Dir     string        `json:"-"` // IMAGEDIR/NAME
+	RootFS  string        `json:"-"` // IMAGEDIR/NAME/rootfs
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
@@ -272,7 +272,7 @@ func install(imageDir, ver string, img Image) (Image, error) {
 	img.SizeBytes = size
 	// Best effort: what could not be looked at (a link loop in /usr/bin)
 	// is left out, as the agent will leave it out.
-	found, _ := session.Detect(filepath.Join(ver, "rootfs"))
+	found, _ := detect.Detect(filepath.Join(ver, "rootfs"))
 	img.Desktop = &found
 	data, err := json.MarshalIndent(img, "", "  ")
 	if err != nil {

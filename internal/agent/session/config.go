@@ -8,10 +8,12 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/agent/detect"
 )
 
 // DefaultPath is where the image puts the session config.
-const DefaultPath = "/etc/cubicle/session.json"
+const DefaultPath = detect.SessionConfigPath
 
 // Config is the desktop session of an image (/etc/cubicle/session.json).
 // Argument strings may hold the placeholders {width}, {height}, {dpi},

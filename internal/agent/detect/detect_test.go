@@ -1,4 +1,4 @@
-package session
+package detect
 
 import (
 	"os"
@@ -99,6 +99,14 @@ func TestDetect(t *testing.T) {
 			files: map[string]string{"usr/bin/Xvfb": "->/usr/bin/Xvnc", "usr/bin/Xvnc": "->/usr/bin/Xvfb"},
 			want:  Found{User: "root"},
 		},
+		{
+			name: "a directory that cannot be looked in does not hide the others",
+			files: map[string]string{
+				"usr/local/bin": "->/usr/local/bin", // a loop
+				"usr/bin/Xvfb":  "", "usr/bin/env": "",
+			},
+			want: Found{XServer: "/usr/bin/Xvfb", User: "root", Env: "/usr/bin/env"},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Detect(rootfs(t, tc.files))
@@ -115,60 +123,34 @@ func TestDetect(t *testing.T) {
 	}
 }
 
-func TestSessionConfig(t *testing.T) {
-	if _, ok := (Found{User: "root"}).SessionConfig(); ok {
-		t.Error("a headless image got a session")
+// TestDetectNeverReadsTheHost runs detection on an image whose /etc/passwd
+// and /usr/bin/Xvfb are absolute links to files that exist only outside it,
+// on the host: what they name must not be found.
+func TestDetectNeverReadsTheHost(t *testing.T) {
+	outside := t.TempDir()
+	if err := os.WriteFile(filepath.Join(outside, "passwd"), []byte("hostonly:x:1000:1000::/home/hostonly:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
-	vars := Vars{Width: 1280, Height: 800, DPI: 120, StartURL: "http://example.test/"}
-	for _, tc := range []struct {
-		name  string
-		found Found
-		want  Config
-	}{
-		{
-			name:  "Xvfb with everything",
-			found: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/startxfce4", Browser: "/usr/bin/chromium", VNC: "/usr/bin/x11vnc", Bus: "/usr/bin/dbus-run-session", User: "alice"},
-			want: Config{Display: ":0", User: "alice",
-				Xvfb: []string{"/usr/bin/Xvfb", ":0", "-screen", "0", "1280x800x24", "-dpi", "120", "-nolisten", "tcp", "-ac"},
-				Programs: []Program{
-					{Name: "session", Argv: []string{"/usr/bin/env", "XFCE_PANEL_MIGRATE_DEFAULT=1", "/usr/bin/dbus-run-session", "--", "/usr/bin/startxfce4"}, User: "alice"},
-					{Name: "browser", Argv: append(append([]string{"/usr/bin/chromium"}, expandAll(chromiumFlags, vars)...), "http://example.test/"), User: "alice"},
-					{Name: "vnc", User: "root", Argv: []string{"/usr/bin/x11vnc", "-display", ":0", "-localhost", "-rfbport", "5999",
-						"-forever", "-shared", "-nopw", "-quiet", "-nolookup", "-noipv6", "-rfbportv6", "-1"}},
-				}},
+	if err := os.WriteFile(filepath.Join(outside, "Xvfb"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, files := range map[string]map[string]string{
+		"absolute links": {
+			"etc/passwd": "->" + filepath.Join(outside, "passwd"), "usr/bin/Xvfb": "->" + filepath.Join(outside, "Xvfb"),
+			"home/hostonly/": "",
 		},
-		{
-			name:  "openbox with dbus-launch",
-			found: Found{XServer: "/usr/bin/Xvfb", Session: "/usr/bin/openbox", Bus: "/usr/bin/dbus-launch"},
-			want: Config{Display: ":0", User: "root",
-				Xvfb:     []string{"/usr/bin/Xvfb", ":0", "-screen", "0", "1280x800x24", "-dpi", "120", "-nolisten", "tcp", "-ac"},
-				Programs: []Program{{Name: "session", Argv: []string{"/usr/bin/dbus-launch", "--exit-with-session", "/usr/bin/openbox"}, User: "root"}}},
+		"a linked directory": {
+			"etc": "->" + outside, "usr/bin": "->" + outside, "home/hostonly/": "",
 		},
-		{
-			name:  "Xvnc and Firefox, no window manager",
-			found: Found{XServer: "/usr/bin/Xvnc", Browser: "/usr/bin/firefox-esr"},
-			want: Config{Display: ":0", User: "root",
-				Xvfb: []string{"/usr/bin/Xvnc", ":0", "-geometry", "1280x800", "-depth", "24", "-dpi", "120",
-					"-rfbport", "5999", "-localhost", "-SecurityTypes", "None", "-nolisten", "tcp", "-ac"},
-				Programs: []Program{{Name: "browser", Argv: []string{"/usr/bin/firefox-esr", "--width", "1280", "--height", "800", "http://example.test/"}, User: "root"}}},
+		"dot-dot above the root": {
+			"etc/passwd": "->../../../../../../.." + filepath.Join(outside, "passwd"), "home/hostonly/": "",
 		},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c, ok := tc.found.SessionConfig()
-			if !ok {
-				t.Fatal("no session")
-			}
-			if err := c.validate(); err != nil {
-				t.Fatalf("made an invalid config: %v", err)
-			}
-			if diff := cmp.Diff(tc.want, c.Expand(vars)); diff != "" {
-				t.Errorf("expanded session (-want +got):\n%s", diff)
+		t.Run(name, func(t *testing.T) {
+			got, _ := Detect(rootfs(t, files))
+			if got.User != "root" || got.XServer != "" {
+				t.Errorf("Detect = %+v: read the host's files", got)
 			}
 		})
 	}
-}
-
-func expandAll(args []string, v Vars) []string {
-	c := Config{Display: ":0", Xvfb: args}
-	return c.Expand(v).Xvfb
 }

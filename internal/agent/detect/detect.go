@@ -1,4 +1,18 @@
-package session
+// Package detect finds what a root filesystem has for a desktop session:
+// an X server, a session or window manager, a browser, a VNC server and a
+// D-Bus session launcher. An image made for cubicle says how to run its
+// desktop in /etc/cubicle/session.json; an image that knows nothing of
+// cubicle (a `docker export` of someone's own Dockerfile build) says
+// nothing, and the agent runs what Detect finds (internal/agent/session
+// makes the session of it).
+//
+// Detection only reads files, so the image tools run it on an unpacked
+// rootfs on the host (to record in image.json what was found) and the agent
+// runs it on its own root at start: both see the same thing. Every path is
+// resolved inside the root, symlinks included, so detecting an image on the
+// host never reads the host's own files. It imports only the standard
+// library: the daemon, the CLI and the agent all use it.
+package detect
 
 import (
 	"bufio"
@@ -12,13 +26,9 @@ import (
 	"strings"
 )
 
-// An image made for cubicle says how to run its desktop in
-// /etc/cubicle/session.json. An image that knows nothing of cubicle (a
-// `docker export` of someone's own Dockerfile build) says nothing; Detect
-// looks at what it has instead, and Found.SessionConfig makes the session
-// that runs it. Detection only reads files, so the image tools run it on
-// an unpacked rootfs on the host (to record in image.json what was found)
-// and the agent runs it on its own root at start: both see the same thing.
+// SessionConfigPath is where an image made for cubicle keeps its session
+// config.
+const SessionConfigPath = "/etc/cubicle/session.json"
 
 // Found is what a root filesystem has for a desktop session: absolute paths
 // inside that filesystem, "" for what it lacks.
@@ -42,6 +52,9 @@ type Found struct {
 	// User runs the session's programs: the image's first ordinary user,
 	// or root.
 	User string `json:"user,omitempty"`
+	// Env is env(1) in the image, to set a variable for a program; "" if
+	// it has none.
+	Env string `json:"-"`
 }
 
 // Desktop reports whether a sandbox of this image has a desktop. Without
@@ -65,7 +78,7 @@ var (
 // looks at the host's own files.
 func Detect(root string) (Found, error) {
 	var f Found
-	if _, err := resolve(root, DefaultPath); err == nil {
+	if _, err := resolve(root, SessionConfigPath); err == nil {
 		f.Config = true
 	}
 	var err error
@@ -84,12 +97,13 @@ func Detect(root string) (Found, error) {
 	pick(&f.XServer, xServers)
 	pick(&f.Session, sessions)
 	pick(&f.Browser, browsers)
-	if f.XServer != "" && !isXvnc(f.XServer) {
+	if f.XServer != "" && !IsXvnc(f.XServer) {
 		pick(&f.VNC, []string{"x11vnc"})
 	}
 	if f.Session != "" {
 		pick(&f.Bus, []string{"dbus-run-session", "dbus-launch"})
 	}
+	pick(&f.Env, []string{"env"})
 	f.User = firstUser(root)
 	if err != nil {
 		return f, fmt.Errorf("detect desktop programs: %w", err)
@@ -97,26 +111,34 @@ func Detect(root string) (Found, error) {
 	return f, nil
 }
 
-func isXvnc(p string) bool {
+// IsXvnc reports whether the X server at p is TigerVNC's, which serves VNC
+// itself.
+func IsXvnc(p string) bool {
 	b := path.Base(p)
 	return b == "Xvnc" || b == "Xtigervnc"
 }
 
 // lookPath finds the executable name in binDirs inside root and returns
-// its path there.
+// its path there. A directory that cannot be looked in (a link loop, a file where a
+// directory should be) is skipped, as a shell's PATH search skips it, and
+// its error is returned only when no other directory has the program.
 func lookPath(root, name string) (string, error) {
+	var firstErr error
 	for _, d := range binDirs {
 		p := path.Join(d, name)
 		fi, err := resolve(root, p)
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				continue
+			if !errors.Is(err, fs.ErrNotExist) && firstErr == nil {
+				firstErr = err
 			}
-			return "", err
+			continue
 		}
 		if fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
 			return p, nil
 		}
+	}
+	if firstErr != nil {
+		return "", firstErr
 	}
 	return "", fmt.Errorf("%s: %w", name, fs.ErrNotExist)
 }
@@ -178,7 +200,11 @@ func onHost(root, p string) string {
 // firstUser returns the first ordinary account (uid 1000-59999 with a home
 // directory) in root's /etc/passwd, or root.
 func firstUser(root string) string {
-	f, err := os.Open(filepath.Join(root, "etc", "passwd"))
+	real, err := realPath(root, "/etc/passwd")
+	if err != nil {
+		return "root"
+	}
+	f, err := os.Open(onHost(root, real)) // no symlink left on the way
 	if err != nil {
 		return "root"
 	}
@@ -201,64 +227,4 @@ func firstUser(root string) string {
 		}
 	}
 	return "root"
-}
-
-// chromiumFlags are what Chromium needs in a sandbox (MACHINE.md): no
-// sandbox of its own (it runs as root, or under gVisor), no GPU, and none of
-// the first-run and background traffic that floods a closed network.
-var chromiumFlags = []string{
-	"--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
-	"--disable-background-networking", "--disable-component-update", "--disable-sync",
-	"--disable-dev-shm-usage", "--disable-breakpad", "--password-store=basic",
-	"--start-maximized", "--window-position=0,0", "--window-size={width},{height}",
-}
-
-// SessionConfig returns the session that runs what f found, and false for
-// a headless image (no X server). An image with its own config needs none.
-func (f Found) SessionConfig() (Config, bool) {
-	if f.XServer == "" {
-		return Config{}, false
-	}
-	user := f.User
-	if user == "" {
-		user = "root"
-	}
-	c := Config{Display: ":0", User: user}
-	if isXvnc(f.XServer) {
-		c.Xvfb = []string{f.XServer, ":0", "-geometry", "{width}x{height}", "-depth", "24", "-dpi", "{dpi}",
-			"-rfbport", "5999", "-localhost", "-SecurityTypes", "None", "-nolisten", "tcp", "-ac"}
-	} else {
-		c.Xvfb = []string{f.XServer, ":0", "-screen", "0", "{width}x{height}x24", "-dpi", "{dpi}", "-nolisten", "tcp", "-ac"}
-	}
-	if f.Session != "" {
-		argv := []string{f.Session}
-		switch path.Base(f.Bus) {
-		case "dbus-run-session":
-			argv = append([]string{f.Bus, "--"}, argv...)
-		case "dbus-launch":
-			argv = append([]string{f.Bus, "--exit-with-session"}, argv...)
-		}
-		if path.Base(f.Session) == "startxfce4" {
-			// XFCE's panel asks on its first start whether to use the
-			// default layout, in a dialog in the middle of the screen;
-			// an agent's screen must not start with that in the way.
-			argv = append([]string{"/usr/bin/env", "XFCE_PANEL_MIGRATE_DEFAULT=1"}, argv...)
-		}
-		c.Programs = append(c.Programs, Program{Name: "session", Argv: argv})
-	}
-	if f.Browser != "" {
-		var argv []string
-		if strings.Contains(path.Base(f.Browser), "firefox") {
-			argv = []string{f.Browser, "--width", "{width}", "--height", "{height}", "{start_url}"}
-		} else {
-			argv = append(append([]string{f.Browser}, chromiumFlags...), "{start_url}")
-		}
-		c.Programs = append(c.Programs, Program{Name: "browser", Argv: argv})
-	}
-	if f.VNC != "" {
-		c.Programs = append(c.Programs, Program{Name: "vnc", User: "root", Argv: []string{f.VNC,
-			"-display", ":0", "-localhost", "-rfbport", "5999", "-forever", "-shared", "-nopw", "-quiet",
-			"-nolookup", "-noipv6", "-rfbportv6", "-1"}})
-	}
-	return c, true
 }
