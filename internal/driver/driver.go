@@ -51,6 +51,18 @@ type Accelerator interface {
 	Accelerated(ctx context.Context) bool
 }
 
+// Prober is implemented by backends whose host checks cannot tell whether a
+// guest will boot here (Firecracker: a KVM that hangs guests passes every
+// check). Probe boots a small guest and returns why it could not, or nil;
+// the backend caches the answer and bounds the boot itself (a boot that ctx
+// cut short is no answer and is not kept). The manager picks such a backend, for
+// "auto" and by name, only once Probe has succeeded; Available stays about
+// binaries and devices, so that orphan cleanup at start never waits for a
+// boot or is skipped because one failed.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // Spec says what box to start.
 type Spec struct {
 	ID        string            // sandbox ID, [a-z0-9]

@@ -167,6 +167,20 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		st.close()
 		return nil, err
 	}
+	// Backends that must probe-boot a guest start now, so the first
+	// create does not wait for the boot (nor does recovery: orphans are
+	// cleaned above whatever the probe says).
+	for _, d := range cfg.Drivers {
+		if p, ok := d.(driver.Prober); ok && d.Available(mctx) == nil {
+			m.wg.Add(1)
+			go func() {
+				defer m.wg.Done()
+				if err := p.Probe(mctx); err != nil {
+					m.log.Warn("probe boot failed; the backend is not used", "backend", d.Name(), "err", err)
+				}
+			}()
+		}
+	}
 	m.wg.Add(1)
 	go m.reapLoop()
 	return m, nil
@@ -370,6 +384,10 @@ func (m *Manager) resolveBackend(ctx context.Context, name string) (driver.Drive
 				reasons = append(reasons, n+": no hardware acceleration")
 				continue
 			}
+			if err := probe(ctx, d); err != nil {
+				reasons = append(reasons, n+": "+err.Error())
+				continue
+			}
 			return d, nil
 		}
 		return nil, errdefs.New(errdefs.ErrUnavailable, "no backend is available: %s", strings.Join(reasons, "; "))
@@ -381,7 +399,20 @@ func (m *Manager) resolveBackend(ctx context.Context, name string) (driver.Drive
 	if err := m.available(ctx, d); err != nil {
 		return nil, errdefs.New(errdefs.ErrUnavailable, "backend %s is unavailable: %v", name, err)
 	}
+	if err := probe(ctx, d); err != nil {
+		return nil, errdefs.New(errdefs.ErrUnavailable, "backend %s is unavailable: %v", name, err)
+	}
 	return d, nil
+}
+
+// probe is nil unless d is a driver.Prober whose probe boot has failed.
+// The driver caches the answer and bounds the boot; it is not asked under
+// availMu, so a boot in progress holds up only the callers that need it.
+func probe(ctx context.Context, d driver.Driver) error {
+	if p, ok := d.(driver.Prober); ok {
+		return p.Probe(ctx)
+	}
+	return nil
 }
 
 // available caches Available for a few seconds: it may run a binary.
@@ -873,6 +904,8 @@ func (m *Manager) Backends(ctx context.Context) []BackendInfo {
 		d := m.cfg.Drivers[n]
 		bi := BackendInfo{Name: n, Isolation: d.Isolation(), Available: true}
 		if err := m.available(ctx, d); err != nil {
+			bi.Available, bi.Reason = false, err.Error()
+		} else if err := probe(ctx, d); err != nil {
 			bi.Available, bi.Reason = false, err.Error()
 		} else if a, ok := d.(driver.Accelerator); ok && !a.Accelerated(ctx) {
 			bi.Reason = "no hardware acceleration: runs emulated (slow); \"auto\" does not pick it"

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -746,5 +747,61 @@ func TestAbandonedCreate(t *testing.T) {
 	d.neverReady = false
 	if _, err := m.Create(context.Background(), CreateRequest{}, true); err != nil {
 		t.Errorf("next create: %v", err)
+	}
+}
+
+// probingDriver is a fake backend that must probe-boot a guest
+// (driver.Prober) and whose probe fails, as a Firecracker on a KVM that
+// hangs guests would; it counts its Cleanup calls.
+type probingDriver struct {
+	*fakeDriver
+	probes, cleanups atomic.Int32
+}
+
+func (d *probingDriver) Name() string      { return "firecracker" }
+func (d *probingDriver) Isolation() string { return driver.IsolationVM }
+func (d *probingDriver) Probe(context.Context) error {
+	d.probes.Add(1)
+	return errors.New("a probe boot did not reach the guest's init: FAKE")
+}
+func (d *probingDriver) Cleanup(ctx context.Context, keep map[string]bool) error {
+	d.cleanups.Add(1)
+	return d.fakeDriver.Cleanup(ctx, keep)
+}
+
+// TestProbeGate checks that a backend whose probe boot fails is passed over
+// by "auto" with the reason, refused by name with it, reported unavailable
+// with it, and still gets its orphans cleaned at start.
+func TestProbeGate(t *testing.T) {
+	fc := &probingDriver{fakeDriver: newFakeDriver(t)}
+	gv := newFakeDriver(t)
+	m, err := New(context.Background(), Config{
+		DataDir: t.TempDir(), DefaultBackend: "auto",
+		Drivers: map[string]driver.Driver{"firecracker": fc, "gvisor": gv},
+		Images:  func(string) (string, error) { return "/nonexistent", nil },
+		Metrics: metrics.New(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if n := fc.cleanups.Load(); n != 1 {
+		t.Errorf("orphan cleanup of the probing backend ran %d times at start, want 1", n)
+	}
+	ctx := context.Background()
+	sb, err := m.Create(ctx, CreateRequest{}, true)
+	if err != nil || sb.Backend != "gvisor" {
+		t.Fatalf("auto create = %+v, %v; want it on gvisor", sb, err)
+	}
+	if _, err := m.Create(ctx, CreateRequest{Backend: "firecracker"}, true); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "FAKE") {
+		t.Errorf("create on firecracker = %v, want unavailable with the probe's reason", err)
+	}
+	for _, b := range m.Backends(ctx) {
+		if b.Name == "firecracker" && (b.Available || !strings.Contains(b.Reason, "did not reach the guest's init")) {
+			t.Errorf("Backends: %+v, want firecracker unavailable with the probe's reason", b)
+		}
+	}
+	if fc.live() != 0 {
+		t.Error("a box was made on the backend whose probe failed")
 	}
 }

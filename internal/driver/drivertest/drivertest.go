@@ -195,8 +195,9 @@ func Run(t *testing.T, newDriver Factory, opts ...Option) {
 	})
 }
 
-// available checks the driver's identity and that Available passes on a
-// host where the test's gates did.
+// available checks the driver's identity and that Available (and, for a
+// backend that probe-boots, Probe) passes on a host where the test's gates
+// did.
 func (s *suite) available(t *testing.T, d driver.Driver) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -210,6 +211,11 @@ func (s *suite) available(t *testing.T, d driver.Driver) {
 	}
 	if err := d.Available(ctx); err != nil {
 		t.Fatalf("Available on a host that passed the test's gates: %v", err)
+	}
+	if p, ok := d.(driver.Prober); ok {
+		if err := p.Probe(ctx); err != nil {
+			t.Fatalf("Probe on a host that passed the test's gates: %v", err)
+		}
 	}
 }
 

@@ -13,7 +13,7 @@ import (
 // The facts of Firecracker's published API description, the swagger file
 // src/firecracker/swagger/firecracker.yaml of the Firecracker repository,
 // for every path and definition the driver uses. They are the same in
-// v1.8.0 (MinVersion) and v1.10.1 (deploy/provision.sh's pinned release):
+// v1.8.0 (minVersion) and v1.10.1 (deploy/provision.sh's pinned release):
 // between the two the file changed only in its version line, a commented
 // gdb_socket_path and FullVmConfiguration's cpu-config and entropy, which
 // the driver does not send. The file is not copied here; its facts are

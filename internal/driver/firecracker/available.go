@@ -26,22 +26,21 @@ type hostFacts struct {
 
 var realHost = hostFacts{cpuinfo: "/proc/cpuinfo", kvm: "/dev/kvm", pvm: "/sys/module/kvm_pvm"}
 
-// MinVersion is the oldest Firecracker release the driver runs: the
+// minVersion is the oldest Firecracker release the driver runs: the
 // guest finds its virtio devices through the ACPI tables Firecracker 1.8.0
 // added (see the package documentation).
-var MinVersion = version{1, 8, 0}
+var minVersion = version{1, 8, 0}
 
 // Available checks everything a VM needs and, when something is missing,
 // says all of it: the firecracker and jailer binaries (they run, are of one
-// release, MinVersion or newer), root, an unprivileged uid/gid for the
+// release, minVersion or newer), root, an unprivileged uid/gid for the
 // VMM, and a KVM that can boot a standard guest kernel. /dev/kvm merely
 // existing is not enough: on a host that is itself a VM without nested
 // virtualization, /dev/kvm may be PVM (kvm_pvm, a paravirtual KVM without
 // vmx/svm) on which an ordinary guest kernel does not boot, so the CPU must
-// show vmx or svm and the KVM module must not be kvm_pvm. When all that
-// holds, a probe boot of Config.ProbeImage's kernel must reach the guest's
-// init (once per driver; see probe): only then is the backend available,
-// and "auto" may pick it.
+// show vmx or svm and the KVM module must not be kvm_pvm. Even then a
+// probe boot (Probe) must reach the guest's init before the manager uses
+// the backend.
 func (d *Driver) Available(ctx context.Context) error {
 	var why []string
 	vers := map[string]version{}
@@ -55,8 +54,8 @@ func (d *Driver) Available(ctx context.Context) error {
 		switch {
 		case err != nil:
 			why = append(why, fmt.Sprintf("%s binary %s: %v", b.name, b.path, err))
-		case v.less(MinVersion):
-			why = append(why, fmt.Sprintf("%s binary %s is %s; Firecracker %s or newer is needed (its guests find their devices through ACPI, added in 1.8.0; deploy/provision.sh installs the pinned release)", b.name, b.path, v, MinVersion))
+		case v.less(minVersion):
+			why = append(why, fmt.Sprintf("%s binary %s is %s; Firecracker %s or newer is needed (its guests find their devices through ACPI, added in 1.8.0; deploy/provision.sh installs the pinned release)", b.name, b.path, v, minVersion))
 		default:
 			vers[b.name] = v
 		}
@@ -84,11 +83,20 @@ func (d *Driver) Available(ctx context.Context) error {
 	if err := os.MkdirAll(d.cfg.ChrootBase, 0o711); err != nil {
 		return fmt.Errorf("%s: %w: chroot base: %v", d.Name(), driver.ErrUnavailable, err)
 	}
+	return nil
+}
+
+// Probe boots Config.ProbeImage's kernel under the jailer (see probe) and
+// returns why the guest did not reach its init, or nil: the manager uses
+// the backend only once it has. It implements driver.Prober.
+func (d *Driver) Probe(ctx context.Context) error {
 	if err := d.probe(ctx); err != nil {
 		return fmt.Errorf("%s: %w: %v", d.Name(), driver.ErrUnavailable, err)
 	}
 	return nil
 }
+
+var _ driver.Prober = (*Driver)(nil)
 
 // version is a Firecracker release number.
 type version struct{ major, minor, patch int }

@@ -41,7 +41,8 @@ func TestConformance(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(base) })
-	cfg := firecracker.Config{ChrootBase: base, UID: uid, GID: gid, AgentBinary: drivertest.AgentBinary(t)}
+	cfg := firecracker.Config{ChrootBase: base, UID: uid, GID: gid, AgentBinary: drivertest.AgentBinary(t),
+		ProbeImage: func() (string, error) { return rootfs, nil }}
 	if err := firecracker.New(cfg).Available(context.Background()); err != nil {
 		needs.Skip(t, "firecracker unavailable: %v", err)
 	}

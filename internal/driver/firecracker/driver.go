@@ -23,7 +23,7 @@
 // request against the facts of Firecracker's swagger file
 // (apispec_test.go).
 //
-// Firecracker 1.8 or newer is required (MinVersion): the guest kernel
+// Firecracker 1.8 or newer is required (minVersion): the guest kernel
 // loads virtio_mmio as a module, which takes its devices from the ACPI
 // tables Firecracker 1.8 added, not from the virtio_mmio.device=
 // parameters on the command line (modprobe would pass those to the module;

@@ -31,15 +31,26 @@ const probeDir = "probe"
 // probeMemMB is the probe guest's memory: enough to unpack the initramfs.
 const probeMemMB = 256
 
-// probeState keeps the outcome of the probe boot. Once a boot has been
-// tried, the answer stands for the driver's life (as the qemu driver's KVM
-// probe): a host whose KVM cannot boot a guest does not start to, and a
-// probe on every Available would cost a VM boot each time.
+// probeState keeps the outcome of the probe boot. A boot that reached the
+// guest's init stands for the driver's life (as the qemu driver's KVM
+// probe); a failure is kept for a while (a probe on every call would cost a
+// VM boot each time) and then tried again, sooner when the boot only ran
+// out of time, which a host loaded after a crash can make it do.
 type probeState struct {
-	mu   sync.Mutex
-	done bool
-	err  error
+	mu    sync.Mutex
+	ok    bool
+	err   error
+	until time.Time // when a failure is probed again
 }
+
+// How long a failed probe boot's answer stands.
+const (
+	probeRetryFailed  = 10 * time.Minute
+	probeRetryTimeout = time.Minute
+)
+
+// errProbeTimeout is wrapped by a probe boot that ran out of time.
+var errProbeTimeout = errors.New("probe boot timed out")
 
 // probeBase is where probe boots' jails are made.
 func (d *Driver) probeBase() string { return filepath.Join(d.cfg.ChrootBase, probeDir) }
@@ -51,7 +62,10 @@ func (d *Driver) probeBase() string { return filepath.Join(d.cfg.ChrootBase, pro
 func (d *Driver) probe(ctx context.Context) error {
 	d.probeState.mu.Lock()
 	defer d.probeState.mu.Unlock()
-	if d.probeState.done {
+	if d.probeState.ok {
+		return nil
+	}
+	if d.probeState.err != nil && time.Now().Before(d.probeState.until) {
 		return d.probeState.err
 	}
 	if d.cfg.ProbeImage == nil {
@@ -66,11 +80,17 @@ func (d *Driver) probe(ctx context.Context) error {
 		return fmt.Errorf("probe image: %v", err)
 	}
 	err = d.probeBoot(ctx, files)
-	if ctx.Err() != nil && err != nil {
-		// The caller gave up; that says nothing about the host.
+	if err != nil && ctx.Err() != nil {
+		// The caller gave up (or the daemon is stopping): that says
+		// nothing about the host, and is not kept as its answer.
 		return fmt.Errorf("probe boot cut short: %w", ctx.Err())
 	}
-	d.probeState.done, d.probeState.err = true, err
+	d.probeState.ok, d.probeState.err = err == nil, err
+	retry := probeRetryFailed
+	if errors.Is(err, errProbeTimeout) {
+		retry = probeRetryTimeout
+	}
+	d.probeState.until = time.Now().Add(retry)
 	return err
 }
 
@@ -172,7 +192,7 @@ func (d *Driver) probeBoot(ctx context.Context, files BootFiles) (err error) {
 	case <-pctx.Done():
 		cmd.Process.Kill()
 		<-exited
-		return fmt.Errorf("a probe boot of %s did not reach the guest's init within %s (a KVM that hangs guests?): %s", files.Kernel, d.cfg.ProbeTimeout, tail)
+		return fmt.Errorf("a probe boot of %s did not reach the guest's init within %s (a KVM that hangs guests?): %w: %s", files.Kernel, d.cfg.ProbeTimeout, errProbeTimeout, tail)
 	}
 }
 

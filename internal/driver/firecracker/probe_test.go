@@ -94,13 +94,13 @@ func TestParseVersion(t *testing.T) {
 			t.Errorf("parseVersion(%q) = %v, %v; want %v ok=%v", tc.out, got, err, tc.want, tc.ok)
 		}
 	}
-	if !(version{1, 7, 9}).less(MinVersion) || (version{1, 8, 0}).less(MinVersion) || (version{2, 0, 0}).less(MinVersion) {
+	if !(version{1, 7, 9}).less(minVersion) || (version{1, 8, 0}).less(minVersion) || (version{2, 0, 0}).less(minVersion) {
 		t.Error("version order")
 	}
 }
 
 // TestAvailableChecksVersion: Available refuses a Firecracker older than
-// MinVersion, or a jailer of another release, saying so.
+// minVersion, or a jailer of another release, saying so.
 func TestAvailableChecksVersion(t *testing.T) {
 	needs.Root(t)
 	for _, tc := range []struct {
@@ -110,13 +110,24 @@ func TestAvailableChecksVersion(t *testing.T) {
 		{"too old", "v1.7.0", "v1.7.0", []string{"is v1.7.0", "v1.8.0 or newer", "ACPI"}},
 		{"mixed releases", "v1.10.1", "v1.9.1", []string{"firecracker v1.10.1 and jailer v1.9.1 are from different releases"}},
 		{"no version", "(development build)", "v1.10.1", []string{"not a release number"}},
-		{"supported: the probe decides", "v1.10.1", "v1.10.1", []string{"no probe image configured"}},
+		{"supported: the probe decides", "v1.10.1", "v1.10.1", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fc, jailer := fakeBinaries(t, tc.fc, tc.jailer, "exit 1")
 			d := New(Config{FirecrackerBin: fc, JailerBin: jailer, ChrootBase: t.TempDir(), UID: vmmUID, GID: vmmGID})
 			kvmHost(t, d)
 			err := d.Available(context.Background())
+			if tc.want == nil {
+				// Binaries, root and KVM are fine: Available is nil,
+				// and only the probe boot can say more.
+				if err != nil {
+					t.Fatalf("Available = %v, want nil", err)
+				}
+				if perr := d.Probe(context.Background()); !errors.Is(perr, driver.ErrUnavailable) || !strings.Contains(perr.Error(), "no probe image configured") {
+					t.Errorf("Probe = %v, want unavailable: no probe image configured", perr)
+				}
+				return
+			}
 			if !errors.Is(err, driver.ErrUnavailable) {
 				t.Fatalf("Available = %v, want ErrUnavailable", err)
 			}
@@ -129,11 +140,12 @@ func TestAvailableChecksVersion(t *testing.T) {
 	}
 }
 
-// TestProbeBoot: Available is nil only once a probe boot through the
-// jailer has reached the guest's init (its console says vminit.ProbeOK);
-// a Firecracker that cannot boot, or a guest that never gets there, makes
-// the backend unavailable with the console's last words, and the answer
-// is kept. Nothing of a probe is left behind.
+// TestProbeBoot: Probe is nil only once a probe boot through the jailer
+// has reached the guest's init (its console says vminit.ProbeOK); a
+// Firecracker that cannot boot, or a guest that never gets there, makes the
+// backend unavailable with the console's last words, and the answer is
+// kept; a boot a caller cut short is not kept. Nothing of a probe is left
+// behind.
 func TestProbeBoot(t *testing.T) {
 	needs.Root(t)
 	for _, tc := range []struct {
@@ -152,8 +164,18 @@ echo "[    0.000000] Linux version 6.1.0 (FAKE)"; echo ` + vminit.ProbeOK + `; e
 			d := New(Config{FirecrackerBin: fc, JailerBin: jailer, ChrootBase: t.TempDir(), UID: vmmUID, GID: vmmGID,
 				ProbeImage: func() (string, error) { return "/desktop/rootfs", nil }, Resolve: probeFiles(t), ProbeTimeout: 3 * time.Second})
 			kvmHost(t, d)
+			if err := d.Available(context.Background()); err != nil {
+				t.Fatalf("Available = %v: the probe is not its business", err)
+			}
+			// A caller that gives up cuts the boot short, and that is
+			// not taken for the host's answer.
+			cctx, ccancel := context.WithCancel(context.Background())
+			ccancel()
+			if err := d.Probe(cctx); err == nil || !strings.Contains(err.Error(), "cut short") {
+				t.Errorf("Probe with a cancelled context = %v, want cut short", err)
+			}
 			start := time.Now()
-			err := d.Available(context.Background())
+			err := d.Probe(context.Background())
 			took := time.Since(start)
 			if tc.want == "" {
 				if err != nil {
@@ -174,9 +196,9 @@ echo "[    0.000000] Linux version 6.1.0 (FAKE)"; echo ` + vminit.ProbeOK + `; e
 					t.Errorf("firecracker args %q", args)
 				}
 			} else if !errors.Is(err, driver.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Available = %v, want unavailable saying %q", err, tc.want)
+				t.Fatalf("Probe = %v, want unavailable saying %q", err, tc.want)
 			}
-			t.Logf("Available after %v: %v", took.Round(time.Millisecond), err)
+			t.Logf("Probe after %v: %v", took.Round(time.Millisecond), err)
 			b, _ := os.ReadFile(filepath.Join(out, "pid"))
 			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr != nil {
 				t.Errorf("the fake never ran: %q", b)
@@ -188,11 +210,11 @@ echo "[    0.000000] Linux version 6.1.0 (FAKE)"; echo ` + vminit.ProbeOK + `; e
 			}
 			// The answer is kept: no second boot.
 			os.Remove(filepath.Join(out, "pid"))
-			if err2 := d.Available(context.Background()); (err2 == nil) != (err == nil) {
-				t.Errorf("second Available = %v, first %v", err2, err)
+			if err2 := d.Probe(context.Background()); (err2 == nil) != (err == nil) {
+				t.Errorf("second Probe = %v, first %v", err2, err)
 			}
 			if _, err := os.Stat(filepath.Join(out, "pid")); err == nil {
-				t.Error("a second Available booted again")
+				t.Error("a second Probe booted again")
 			}
 		})
 	}

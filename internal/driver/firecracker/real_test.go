@@ -42,12 +42,15 @@ func realFirecracker(t *testing.T) (*Driver, string) {
 	t.Cleanup(func() { os.RemoveAll(base) })
 	rootfs := drivertest.DesktopImage(t, true)
 	agent := drivertest.AgentBinary(t)
-	// The probe boot Available makes is the first real boot: it must
-	// pass here, on a KVM host.
+	// The probe boot is the first real boot: it must pass here, on a KVM
+	// host.
 	d := New(Config{ChrootBase: base, UID: uid, GID: gid, AgentBinary: agent,
 		ProbeImage: func() (string, error) { return rootfs, nil }})
 	if err := d.Available(context.Background()); err != nil {
 		needs.Skip(t, "firecracker unavailable: %v", err)
+	}
+	if err := d.Probe(context.Background()); err != nil {
+		needs.Skip(t, "firecracker cannot boot a guest here: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := d.Cleanup(context.Background(), nil); err != nil {
