@@ -17,7 +17,7 @@ const (
 	CodeInvalidArgument = "invalid_argument"
 	CodeConflict        = "conflict"
 	// CodeNoDesktop answers a desktop call (screenshot, actions, live view)
-	// of a headless sandbox (Sandbox.Desktop false).
+	// of a headless sandbox (Sandbox.Desktop false; see IsNoDesktop).
 	CodeNoDesktop         = "no_desktop"
 	CodePayloadTooLarge   = "payload_too_large"
 	CodeCapacityExhausted = "capacity_exhausted"
@@ -142,6 +142,11 @@ func IsInvalidArgument(err error) bool { return ErrorCode(err) == CodeInvalidArg
 // IsConflict reports whether the request does not fit the sandbox's state,
 // e.g. it is not running (409 conflict).
 func IsConflict(err error) bool { return ErrorCode(err) == CodeConflict }
+
+// IsNoDesktop reports whether a desktop call (screenshot, actions, live
+// view) was made to a headless sandbox, whose image has no X server (409
+// no_desktop).
+func IsNoDesktop(err error) bool { return ErrorCode(err) == CodeNoDesktop }
 
 // IsCapacityExhausted reports whether the daemon has no room for another
 // sandbox (capacity_exhausted).

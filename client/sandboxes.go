@@ -129,9 +129,10 @@ type Sandbox struct {
 	Metadata     map[string]string `json:"metadata"`
 	IP           string            `json:"ip,omitempty"`
 	// Desktop is false for a headless sandbox: its image has no X server,
-	// so screenshots, input and the live view answer ErrNoDesktop;
-	// commands and files work.
-	Desktop bool `json:"desktop"`
+	// so screenshots, input and the live view answer CodeNoDesktop (see
+	// IsNoDesktop); commands and files work. It is nil until the sandbox
+	// has started (still starting, or failed before).
+	Desktop *bool `json:"desktop,omitempty"`
 	// Error says why the sandbox failed; set only in StateFailed.
 	Error string `json:"error,omitempty"`
 }

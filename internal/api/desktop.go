@@ -67,7 +67,7 @@ func (s *server) requireDesktop(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if !sb.Desktop {
+	if sb.Headless() {
 		return errdefs.New(errdefs.ErrNoDesktop, "sandbox %s has no desktop: its image has no X server (Xvfb or Xvnc), so screenshots, input and the live view cannot work; commands and files do", id)
 	}
 	return nil

@@ -59,10 +59,10 @@ func newFakeManager() *fakeManager {
 	mk := func(id string, st sandbox.State) sandbox.Sandbox {
 		return sandbox.Sandbox{ID: id, State: st, Template: "desktop", Backend: "runc", Isolation: "namespace",
 			Resolution: sandbox.Resolution{Width: 1024, Height: 768}, CreatedAt: now, ExpiresAt: now.Add(time.Hour),
-			LastActiveAt: now, Metadata: map[string]string{}, Desktop: true}
+			LastActiveAt: now, Metadata: map[string]string{}, Desktop: ptr(true)}
 	}
 	headless := mk(headlessID, sandbox.StateRunning)
-	headless.Desktop = false
+	headless.Desktop = ptr(false)
 	return &fakeManager{sandboxes: map[string]sandbox.Sandbox{
 		runningID:  mk(runningID, sandbox.StateRunning),
 		stoppedID:  mk(stoppedID, sandbox.StateStopped),
@@ -77,7 +77,7 @@ func (m *fakeManager) Create(_ context.Context, req sandbox.CreateRequest, wait 
 	if m.err != nil {
 		return sandbox.Sandbox{}, m.err
 	}
-	sb := sandbox.Sandbox{ID: "sbnew", State: sandbox.StateRunning, Template: req.Template, Metadata: req.Metadata, Desktop: true}
+	sb := sandbox.Sandbox{ID: "sbnew", State: sandbox.StateRunning, Template: req.Template, Metadata: req.Metadata, Desktop: ptr(true)}
 	if !wait {
 		sb.State = sandbox.StateStarting
 	}
@@ -536,3 +536,5 @@ func decode[T any](t *testing.T, w *httptest.ResponseRecorder, want int) T {
 	}
 	return v
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -646,7 +646,7 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 	e.box, e.client = box, client
 	e.rec.DriverState = &st
 	e.rec.Sandbox.State = StateRunning
-	e.rec.Sandbox.Desktop = hasDesktop
+	e.rec.Sandbox.Desktop = &hasDesktop
 	m.updateGaugesLocked()
 	m.mu.Unlock()
 	if err := m.persist(e); err != nil {
@@ -952,6 +952,10 @@ func (m *Manager) snapshotLocked(e *entry) Sandbox {
 	sb := e.rec.Sandbox
 	sb.LastActiveAt = e.lastActive
 	sb.Metadata = maps.Clone(sb.Metadata)
+	if sb.Desktop != nil {
+		d := *sb.Desktop
+		sb.Desktop = &d
+	}
 	return sb
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -630,12 +631,16 @@ func TestHeadless(t *testing.T) {
 		if err != nil {
 			t.Fatalf("headless=%v: create: %v", headless, err)
 		}
-		if sb.State != StateRunning || sb.Desktop == headless {
+		if sb.State != StateRunning || sb.Desktop == nil || *sb.Desktop == headless {
 			t.Errorf("headless=%v: created %+v, want running with Desktop %v", headless, sb, !headless)
+		}
+		// Not known before the agent has said.
+		if starting, err := m.Create(ctx, CreateRequest{}, false); err != nil || starting.Desktop != nil {
+			t.Errorf("headless=%v: a starting sandbox = %+v, %v; want desktop not said", headless, starting, err)
 		}
 		m.Close()
 		m = newTestManager(t, d, dir, wallClock{})
-		if got, err := m.Get(ctx, sb.ID); err != nil || got.State != StateRunning || got.Desktop == headless {
+		if got, err := m.Get(ctx, sb.ID); err != nil || got.State != StateRunning || got.Desktop == nil || *got.Desktop == headless {
 			t.Errorf("headless=%v: after restart %+v, %v", headless, got, err)
 		}
 		m.Close()
@@ -643,19 +648,29 @@ func TestHeadless(t *testing.T) {
 }
 
 // TestRecordWithoutDesktop checks that records written before sandboxes
-// could be headless read as having a desktop.
+// could be headless read as having a desktop once running, and that a
+// sandbox not yet started says nothing.
 func TestRecordWithoutDesktop(t *testing.T) {
 	for _, c := range []struct {
 		json string
-		want bool
+		want string // "true", "false" or "unknown"
 	}{
-		{`{"sandbox":{"id":"old","state":"running"}}`, true},
-		{`{"sandbox":{"id":"new","state":"running","desktop":false}}`, false},
-		{`{"sandbox":{"id":"new","state":"running","desktop":true}}`, true},
+		{`{"sandbox":{"id":"old","state":"running"}}`, "true"},
+		{`{"sandbox":{"id":"old","state":"stopped"}}`, "true"},
+		{`{"sandbox":{"id":"old","state":"starting"}}`, "unknown"},
+		{`{"sandbox":{"id":"new","state":"running","desktop":false}}`, "false"},
+		{`{"sandbox":{"id":"new","state":"running","desktop":true}}`, "true"},
 	} {
 		r, err := decodeRecord([]byte(c.json))
-		if err != nil || r.Sandbox.Desktop != c.want {
-			t.Errorf("decodeRecord(%s) = %+v, %v; want Desktop %v", c.json, r, err, c.want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := "unknown"
+		if r.Sandbox.Desktop != nil {
+			got = strconv.FormatBool(*r.Sandbox.Desktop)
+		}
+		if got != c.want {
+			t.Errorf("decodeRecord(%s): desktop %s, want %s", c.json, got, c.want)
 		}
 	}
 }

@@ -97,8 +97,9 @@ func decodeRecord(b []byte) (*record, error) {
 	if err := json.Unmarshal(b, &has); err != nil {
 		return nil, err
 	}
-	if has.Sandbox.Desktop == nil {
-		r.Sandbox.Desktop = true // before headless sandboxes, all had one
+	if has.Sandbox.Desktop == nil && r.Sandbox.State != StateStarting && r.Sandbox.State != StateFailed {
+		yes := true // before headless sandboxes, every sandbox had a desktop
+		r.Sandbox.Desktop = &yes
 	}
 	return r, nil
 }

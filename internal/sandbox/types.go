@@ -77,9 +77,11 @@ type Sandbox struct {
 	Metadata     map[string]string `json:"metadata"`
 	IP           string            `json:"ip,omitempty"`
 	// Desktop is false for a headless sandbox: its image has no X server,
-	// so only commands and files work. Records from before the field
-	// existed read as true (every sandbox had a desktop then).
-	Desktop bool   `json:"desktop"`
+	// so only commands and files work. It is nil until the agent has said
+	// (a sandbox still starting, or one that failed to), and omitted then.
+	// Records from before the field existed read as true (every sandbox
+	// had a desktop then).
+	Desktop *bool  `json:"desktop,omitempty"`
 	Error   string `json:"error,omitempty"`
 }
 
@@ -102,3 +104,9 @@ type Capacity struct {
 	MaxSandboxes int `json:"max_sandboxes"`
 	Running      int `json:"running"`
 }
+
+// HasDesktop reports whether the sandbox is known to have a desktop.
+func (s Sandbox) HasDesktop() bool { return s.Desktop != nil && *s.Desktop }
+
+// Headless reports whether the sandbox is known to have no desktop.
+func (s Sandbox) Headless() bool { return s.Desktop != nil && !*s.Desktop }

@@ -203,8 +203,8 @@ func TestImportedDesktop(t *testing.T) {
 				t.Fatalf("create: %v", err)
 			}
 			t.Logf("sandbox %s ready in %s", sb.ID, time.Since(t0).Round(time.Millisecond))
-			if !sb.Desktop {
-				t.Fatalf("sandbox %+v says it has no desktop", sb)
+			if sb.Desktop == nil || !*sb.Desktop {
+				t.Fatalf("sandbox %+v does not say it has a desktop", sb)
 			}
 			const px, py = 512, 450
 			if !eventually(wait, func() bool { return near(pixel(t, c, sb.ID, px, py), red) }) {
@@ -268,10 +268,10 @@ func TestImportedHeadless(t *testing.T) {
 				t.Fatalf("create: %v", err)
 			}
 			t.Logf("headless sandbox %s ready in %s", sb.ID, time.Since(t0).Round(time.Millisecond))
-			if sb.Desktop || sb.State != "running" {
+			if sb.Desktop == nil || *sb.Desktop || sb.State != "running" {
 				t.Fatalf("sandbox = %+v, want running without a desktop", sb)
 			}
-			if got, err := c.Get(ctx, sb.ID); err != nil || got.Desktop {
+			if got, err := c.Get(ctx, sb.ID); err != nil || got.Desktop == nil || *got.Desktop {
 				t.Errorf("GET = %+v, %v; want desktop false", got, err)
 			}
 			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: ". /etc/os-release; echo $ID $VERSION_CODENAME; id -un"})
@@ -293,7 +293,7 @@ func TestImportedHeadless(t *testing.T) {
 			noDesktop := func(what string, err error) {
 				t.Helper()
 				var ae *client.APIError
-				if !errors.As(err, &ae) || ae.Status != 409 || ae.Code != client.CodeNoDesktop {
+				if !client.IsNoDesktop(err) || !errors.As(err, &ae) || ae.Status != 409 {
 					t.Errorf("%s of a headless sandbox = %v, want 409 %s", what, err, client.CodeNoDesktop)
 				}
 			}
