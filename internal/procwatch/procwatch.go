@@ -79,9 +79,9 @@ type Options struct {
 	// for by its parent (a child of this daemon that something else
 	// reaps): the watcher then takes that as the end.
 	Exited <-chan struct{}
-	// Every, when set, is called about every Interval while the
-	// process runs, from the watcher's goroutine (Firecracker bounds its
-	// console log so).
+	// Every, when set, is called about every Interval (to within a
+	// quarter of a second) while the process runs, from the watcher's
+	// goroutine (Firecracker bounds its console log so).
 	Every    func()
 	Interval time.Duration // default 5 s
 	// OnEnd, when set, is called once from the watcher's goroutine when
@@ -143,12 +143,20 @@ func (w *Watcher) markDead() {
 func (w *Watcher) run() {
 	defer close(w.done)
 	if w.opts.Exited != nil {
-		select {
-		case <-w.opts.Exited:
-			w.markDead()
-		case <-w.stop:
+		last := time.Now()
+		for {
+			select {
+			case <-w.opts.Exited:
+				w.markDead()
+				return
+			case <-w.stop:
+				return
+			case <-time.After(poll):
+			}
+			if w.tick(&last) {
+				return
+			}
 		}
-		return
 	}
 	fd, err := unix.PidfdOpen(w.p.Pid, 0)
 	if err == nil && !w.p.Alive() {
@@ -171,8 +179,13 @@ func (w *Watcher) run() {
 	last := time.Now()
 	for {
 		n, err := unix.Poll(fds, int(poll/time.Millisecond))
-		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+		if n > 0 {
 			w.markDead()
+			return
+		}
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			// Not an answer about the process: look at it instead.
+			w.pollAlive()
 			return
 		}
 		if w.tick(&last) {

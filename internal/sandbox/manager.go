@@ -578,14 +578,16 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		if derr := detach(); derr != nil {
 			err = errors.Join(err, fmt.Errorf("detach network: %w", derr))
 		}
-		log.Error("create failed", "err", err)
-		m.m.CreateFailures.WithLabelValues(d.Name()).Inc()
 		m.mu.Lock()
 		if e.rec.Sandbox.State != StateStarting {
-			// Destroyed while starting: teardown finishes the record.
+			// Destroyed (or abandoned by its caller) while starting:
+			// not a failed create; teardown finishes the record.
 			m.mu.Unlock()
+			log.Info("start ended by the sandbox's teardown", "err", err)
 			return
 		}
+		log.Error("create failed", "err", err)
+		m.m.CreateFailures.WithLabelValues(d.Name()).Inc()
 		e.rec.Sandbox.State = StateFailed
 		e.rec.Sandbox.Error = err.Error()
 		e.failErr = err

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -757,6 +758,9 @@ func TestAbandonedCreate(t *testing.T) {
 	}
 	if recs, err := m.store.all(); err != nil || len(recs) != 0 {
 		t.Errorf("records stored: %d, %v", len(recs), err)
+	}
+	if n := testutil.ToFloat64(m.m.CreateFailures.WithLabelValues("gvisor")); n != 0 {
+		t.Errorf("cubicle_create_failures_total = %v for a create its caller abandoned, want 0", n)
 	}
 	// The slot is free for the next create.
 	d.neverReady = false

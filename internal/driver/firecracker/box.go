@@ -150,7 +150,10 @@ func (b *box) Stop(ctx context.Context) error {
 	// Also for a box adopted dead whose process hangs on: kill checks it
 	// is still the same process.
 	if err := b.kill(); err != nil {
-		errs = append(errs, err)
+		// The VM may still run: its jail, cgroups and registration stay
+		// until a retried Stop (the reaper's) gets it gone; a jail is
+		// never removed under a running VM.
+		return fmt.Errorf("stop %s: %w", b.data.ID, err)
 	}
 	b.stopWatch()
 	b.d.unregister(b)
