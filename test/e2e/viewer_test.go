@@ -59,8 +59,8 @@ func viewerClosedAtExpiry(t *testing.T, d *harness.Daemon, c *client.Client, id 
 		if e.at.Before(v.ExpiresAt.Add(-100 * time.Millisecond)) {
 			t.Errorf("viewer closed at %v, before its link's expiry %v", e.at.Format(time.StampMilli), v.ExpiresAt.Format(time.StampMilli))
 		}
-		if late := e.at.Sub(v.ExpiresAt); late > 2*time.Second {
-			t.Errorf("viewer closed %v after its link expired, want within 2 s", late)
+		if late := e.at.Sub(v.ExpiresAt); late > 5*time.Second { // a loaded machine may be slow to deliver the close
+			t.Errorf("viewer closed %v after its link expired, want within 5 s", late)
 		}
 		t.Logf("viewer with a 3 s link closed %v after the expiry: %v", e.at.Sub(v.ExpiresAt).Round(time.Millisecond), e.err)
 	case <-time.After(time.Until(v.ExpiresAt) + 10*time.Second):
