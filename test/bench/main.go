@@ -491,8 +491,8 @@ func report(backend string, rs []result, brs []backendResult, disks []result, sh
 			continue
 		}
 		ct := createTarget(br.name)
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | < %s | %s | %d MiB | ≤ %d MiB | %s |\n", br.name, len(br.create.samples), ms(br.create.pct(.5)),
-			ms(br.create.pct(.95)), ms(br.create.pct(1)), ms(ct), yesNo(br.create.pct(.5) < ct),
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | < %g s | %s | %d MiB | ≤ %d MiB | %s |\n", br.name, len(br.create.samples), ms(br.create.pct(.5)),
+			ms(br.create.pct(.95)), ms(br.create.pct(1)), ct.Seconds(), yesNo(br.create.pct(.5) < ct),
 			br.pss>>20, idleMemoryTarget>>20, yesNo(br.pss <= idleMemoryTarget))
 	}
 	if len(disks) > 0 {

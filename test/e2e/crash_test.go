@@ -192,7 +192,7 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	t.Logf("outcomes of %d kills: %v", rounds, outcome)
 	if path := os.Getenv("CUBICLE_CRASH_BENCHMARKS"); path != "" && !t.Failed() {
 		var b strings.Builder
-		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, or destroy, %v) of creates and destroys of %s desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded) or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0.\n\n| kill during | outcome | n |\n|---|---|---|\n",
+		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, or destroy, %v) of creates and destroys of %s desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded) or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0 (target: none; met).\n\n| kill during | outcome | n |\n|---|---|---|\n",
 			rounds, createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond), backend)
 		for _, k := range slices.Sorted(maps.Keys(outcome)) {
 			during, state, _ := strings.Cut(k, ": ")
