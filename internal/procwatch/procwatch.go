@@ -227,3 +227,36 @@ func (w *Watcher) tick(last *time.Time) bool {
 	}
 	return false
 }
+
+// Find returns the live processes whose argument vector (/proc/PID/cmdline)
+// match accepts. It is how a restarted daemon finds a runtime call its
+// predecessor started and did not see finish: that process is not its
+// child and its pid was never recorded, but its arguments name the box.
+// Processes that end while being read are skipped; kernel threads (no
+// arguments) are never offered to match.
+func Find(match func(argv []string) bool) ([]Process, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("find processes: %w", err)
+	}
+	self := os.Getpid()
+	var out []Process
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(raw) == 0 {
+			continue
+		}
+		argv := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+		if !match(argv) {
+			continue
+		}
+		if p, err := Lookup(pid); err == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}

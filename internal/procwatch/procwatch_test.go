@@ -1,7 +1,9 @@
 package procwatch
 
 import (
+	"fmt"
 	"os/exec"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -174,4 +176,39 @@ func TestWatchGone(t *testing.T) {
 	w := Watch(Process{Pid: pid}, Options{})
 	defer w.Stop()
 	waitDead(t, w, time.Second)
+}
+
+// TestFind checks that a process is found by its arguments while it lives,
+// and not once it has ended (a zombie included).
+func TestFind(t *testing.T) {
+	marker := fmt.Sprintf("cubicle-find-%d", time.Now().UnixNano())
+	byMarker := func(argv []string) bool { return slices.Contains(argv, marker) }
+	cmd := exec.Command("sh", "-c", "sleep 30", marker)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	ps, err := Find(byMarker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps) != 1 || ps[0].Pid != cmd.Process.Pid || !ps[0].Alive() {
+		t.Fatalf("Find = %+v, want the one process %d", ps, cmd.Process.Pid)
+	}
+	cmd.Process.Kill()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		ps, err = Find(byMarker)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Find after kill = %+v, want none", ps)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

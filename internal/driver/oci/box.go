@@ -198,9 +198,14 @@ func deadBox(d *Driver, data boxData) *box {
 
 // Cleanup deletes every container in the runtime root and every box
 // directory (with its mounts) under the state directory whose ID is not in
-// keep.
+// keep, once the runtime calls a previous daemon left running have ended.
 func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 	var errs []error
+	// What a run of the previous daemon is still making is cleaned once
+	// it is made (orphan.go).
+	if err := d.waitOrphanRuns(ctx, keep, orphanRunBound); err != nil {
+		errs = append(errs, err)
+	}
 	cs, err := d.list(ctx)
 	if err != nil {
 		errs = append(errs, err)

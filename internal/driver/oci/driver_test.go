@@ -106,6 +106,16 @@ func assertGone(t *testing.T, d *Driver, id string, pid int) {
 	if pid > 0 && alive(pid) {
 		t.Errorf("pid %d still alive", pid)
 	}
+	// The runtime's own records: runc's state directory, runsc's state
+	// and lock files, and the cgroups either made for the box.
+	left, _ := filepath.Glob(filepath.Join(d.runtimeRoot(), id+"*"))
+	for _, pat := range []string{"/sys/fs/cgroup/*/cubicle/" + id, "/sys/fs/cgroup/cubicle/" + id} {
+		cg, _ := filepath.Glob(pat)
+		left = append(left, cg...)
+	}
+	if len(left) > 0 {
+		t.Errorf("runtime records left: %v", left)
+	}
 	if procs := processesMentioning(id); len(procs) > 0 {
 		t.Errorf("processes left: %v", procs)
 	}
