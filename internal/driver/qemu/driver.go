@@ -35,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -230,7 +231,7 @@ func (d *Driver) probeKVM(ctx context.Context) (kvm bool, why string, final bool
 	if err != nil {
 		return false, fmt.Sprintf("no VM image to probe KVM with: %v", err), false
 	}
-	initrd, err := image.Initramfs(vm, d.cfg.AgentBinary, filepath.Join(d.cfg.StateDir, "initramfs"))
+	initrd, err := image.Initramfs(vm, d.cfg.AgentBinary, filepath.Join(d.cfg.StateDir, initramfsDir))
 	if err != nil {
 		return false, err.Error(), false
 	}
@@ -393,7 +394,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	var cu cleanup.Stack
 	defer cu.Run()
 
-	initrd, err := image.Initramfs(vm, d.cfg.AgentBinary, filepath.Join(d.cfg.StateDir, "initramfs"))
+	initrd, err := image.Initramfs(vm, d.cfg.AgentBinary, filepath.Join(d.cfg.StateDir, initramfsDir))
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
@@ -501,6 +502,11 @@ func writeBoxData(b boxData) error {
 	return os.WriteFile(filepath.Join(b.Dir, "box.json"), data, 0o600)
 }
 
+// initramfsDir, under the state directory, caches the initramfs of each
+// image and agent. Its name is a valid ID: Cleanup must not take it for a
+// box's directory.
+const initramfsDir = "initramfs"
+
 // Cleanup kills the VMs and removes the directories under the state
 // directory whose IDs are not in keep, and initramfs files no kept box
 // uses (older than a minute, so a concurrent Create keeps its own).
@@ -515,7 +521,7 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 	var errs []error
 	used := map[string]bool{}
 	for _, e := range ents {
-		if !e.IsDir() || validID(e.Name()) != nil {
+		if !e.IsDir() || validID(e.Name()) != nil || e.Name() == initramfsDir {
 			continue
 		}
 		dir := filepath.Join(d.cfg.StateDir, e.Name())
@@ -532,11 +538,21 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 			_ = unix.Kill(data.Pid, unix.SIGKILL)
 			waitGone(data.Pid, data.StartTime, 10*time.Second)
 		}
+		// A daemon killed between starting QEMU and writing box.json
+		// left a VM that no record names; its arguments name the
+		// directory.
+		strays, _ := procwatch.Find(func(argv []string) bool {
+			return slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, dir+"/") })
+		})
+		for _, p := range strays {
+			_ = unix.Kill(p.Pid, unix.SIGKILL)
+			waitGone(p.Pid, p.StartTime, 10*time.Second)
+		}
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	cache, _ := filepath.Glob(filepath.Join(d.cfg.StateDir, "initramfs", "*"))
+	cache, _ := filepath.Glob(filepath.Join(d.cfg.StateDir, initramfsDir, "*"))
 	for _, p := range cache {
 		if fi, err := os.Stat(p); err == nil && !used[p] && time.Since(fi.ModTime()) > time.Minute {
 			os.Remove(p)
