@@ -65,7 +65,7 @@ func TestCleanupAfterKillDuringRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			var out strings.Builder
-			helper := exec.Command(os.Args[0], "-test.run=^$")
+			helper := exec.Command(os.Args[0], "-test.run=^$") //depcheck:built (this test binary)
 			helper.Env = append(os.Environ(), helperEnv+"="+string(job))
 			helper.Stdout, helper.Stderr = &out, &out
 			if err := helper.Start(); err != nil {
