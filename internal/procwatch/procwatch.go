@@ -260,3 +260,44 @@ func Find(match func(argv []string) bool) ([]Process, error) {
 	}
 	return out, nil
 }
+
+// RealUID returns the real user ID of p, from /proc/PID/status. A cleanup
+// that kills what it finds by arguments checks it: anyone can start a
+// process whose arguments name a box, but not one whose real user is the
+// daemon's (root), set-user-ID programs included.
+func (p Process) RealUID() (int, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(p.Pid) + "/status")
+	if err != nil {
+		return 0, fmt.Errorf("process %d: %w", p.Pid, err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				break
+			}
+			uid, err := strconv.Atoi(f[0])
+			if err != nil {
+				return 0, fmt.Errorf("process %d: uid %q: %w", p.Pid, f[0], err)
+			}
+			return uid, nil
+		}
+	}
+	return 0, fmt.Errorf("process %d: no Uid line in its status", p.Pid)
+}
+
+// FindOwn is Find restricted to processes whose real user is this one's.
+func FindOwn(match func(argv []string) bool) ([]Process, error) {
+	ps, err := Find(match)
+	if err != nil {
+		return nil, err
+	}
+	me := os.Getuid()
+	own := ps[:0]
+	for _, p := range ps {
+		if uid, err := p.RealUID(); err == nil && uid == me {
+			own = append(own, p)
+		}
+	}
+	return own, nil
+}

@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 func TestParseStat(t *testing.T) {
@@ -210,5 +212,38 @@ func TestFind(t *testing.T) {
 			t.Fatalf("Find after kill = %+v, want none", ps)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestFindOwn checks that a process of another user is found by Find and
+// left out by FindOwn, and that RealUID reads both users right.
+func TestFindOwn(t *testing.T) {
+	needs.Root(t) // to start a process as another user
+	marker := fmt.Sprintf("cubicle-findown-%d", time.Now().UnixNano())
+	byMarker := func(argv []string) bool { return slices.Contains(argv, marker) }
+	var cmds []*exec.Cmd
+	for _, uid := range []uint32{0, 65534} {
+		cmd := exec.Command("sh", "-c", "sleep 30", marker)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Wait()
+		defer cmd.Process.Kill()
+		cmds = append(cmds, cmd)
+	}
+	all, err := Find(byMarker)
+	if err != nil || len(all) != 2 {
+		t.Fatalf("Find = %+v, %v; want both", all, err)
+	}
+	for i, want := range []int{0, 65534} {
+		p, _ := Lookup(cmds[i].Process.Pid)
+		if uid, err := p.RealUID(); err != nil || uid != want {
+			t.Errorf("RealUID of pid %d = %d, %v; want %d", p.Pid, uid, err, want)
+		}
+	}
+	own, err := FindOwn(byMarker)
+	if err != nil || len(own) != 1 || own[0].Pid != cmds[0].Process.Pid {
+		t.Errorf("FindOwn = %+v, %v; want only pid %d", own, err, cmds[0].Process.Pid)
 	}
 }

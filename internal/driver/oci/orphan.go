@@ -31,7 +31,7 @@ const orphanRunBound = 70 * time.Second
 // process of a running box does.
 func (d *Driver) orphanRuns(keep map[string]bool) ([]procwatch.Process, error) {
 	prefix := filepath.Clean(d.cfg.StateDir) + string(filepath.Separator)
-	return procwatch.Find(func(argv []string) bool {
+	return procwatch.FindOwn(func(argv []string) bool {
 		for i := 0; i+1 < len(argv); i++ {
 			if argv[i] != "--pid-file" || !strings.HasPrefix(argv[i+1], prefix) {
 				continue

@@ -113,23 +113,32 @@ func TestCleanupAfterKillDuringRun(t *testing.T) {
 }
 
 // TestWaitOrphanRuns checks the matching and the bound: only a run of a
-// box of this driver, not kept, is waited for, and one that outlasts the
-// bound is killed.
+// box of this driver, not kept, started by the daemon's user, is waited
+// for, and one that outlasts the bound is killed.
 func TestWaitOrphanRuns(t *testing.T) {
 	state := t.TempDir()
 	d := New(Config{Runtime: "runsc", StateDir: state})
-	start := func(pidFile, script string) *exec.Cmd {
+	startAs := func(uid uint32, pidFile, script string) *exec.Cmd {
 		t.Helper()
 		// sh -c SCRIPT NAME ARGS...: the arguments are only for matching.
 		cmd := exec.Command("sh", "-c", script, "runsc", "run", "--detach", "--pid-file", pidFile, "--bundle", "x", "id")
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // as Create starts a run
+		if uid != 0 {
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 		return cmd
 	}
+	start := func(pidFile, script string) *exec.Cmd { return startAs(0, pidFile, script) }
 	mine := start(filepath.Join(state, "tmine", "pid"), "sleep 30")
+	if os.Geteuid() == 0 {
+		// Anyone may name a box in a process's arguments; only the
+		// daemon's user runs the runtime.
+		startAs(65534, filepath.Join(state, "tforeign", "pid"), "sleep 30")
+	}
 	start(filepath.Join(state, "tkept", "pid"), "sleep 30")
 	start(filepath.Join(t.TempDir(), "tother", "pid"), "sleep 30")
 	start(filepath.Join(state, "Not-An-ID", "pid"), "sleep 30")

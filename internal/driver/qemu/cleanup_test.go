@@ -16,7 +16,8 @@ import (
 // kind of arguments; the real QEMU is exercised by the e2e crash test).
 func TestCleanupKillsUnrecordedVM(t *testing.T) {
 	state := t.TempDir()
-	d := New(Config{StateDir: state})
+	// The stand-in VMs are sh processes: sh is the QEMU binary here.
+	d := New(Config{StateDir: state, QEMU: "sh"})
 	mk := func(id string) string {
 		dir := filepath.Join(state, id)
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -24,11 +25,14 @@ func TestCleanupKillsUnrecordedVM(t *testing.T) {
 		}
 		return dir
 	}
-	start := func(dir string) *exec.Cmd {
-		cmd := exec.Command("sh", "-c", "sleep 30", "qemu-system-x86_64",
+	startAs := func(prog string, uid uint32, dir string) *exec.Cmd {
+		cmd := exec.Command(prog, "-c", "sleep 30", "qemu-system-x86_64", //depcheck:runs sh bash
 			"-initrd", filepath.Join(state, initramfsDir, "abc.cpio"),
 			"-drive", "id=root,if=none,format=qcow2,file="+filepath.Join(dir, "overlay.qcow2"))
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if uid != 0 {
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -41,8 +45,17 @@ func TestCleanupKillsUnrecordedVM(t *testing.T) {
 	if err := os.WriteFile(cache, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	stray := start(mk("tstray"))
+	start := func(dir string) *exec.Cmd { return startAs("sh", 0, dir) }
+	strayDir := mk("tstray")
+	stray := start(strayDir)
 	kept := start(mk("tkept"))
+	// Processes that name the stray's directory but are not our QEMU:
+	// another program, and (as root only) our QEMU binary run by another
+	// user. Cleanup must leave both alone.
+	bystanders := []*exec.Cmd{startAs("bash", 0, strayDir)}
+	if os.Geteuid() == 0 {
+		bystanders = append(bystanders, startAs("sh", 65534, strayDir))
+	}
 	if err := d.Cleanup(context.Background(), map[string]bool{"tkept": true}); err != nil {
 		t.Fatal(err)
 	}
@@ -59,5 +72,10 @@ func TestCleanupKillsUnrecordedVM(t *testing.T) {
 	}
 	if !running(kept.Process.Pid, 0) {
 		t.Error("the VM of a kept box was killed")
+	}
+	for _, b := range bystanders {
+		if !running(b.Process.Pid, 0) {
+			t.Errorf("killed %v (uid %v), which is not our VM", b.Args[0], b.SysProcAttr.Credential)
+		}
 	}
 }

@@ -540,8 +540,12 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		}
 		// A daemon killed between starting QEMU and writing box.json
 		// left a VM that no record names; its arguments name the
-		// directory.
-		strays, _ := procwatch.Find(func(argv []string) bool {
+		// directory. Only our own QEMU (or the nsenter about to exec
+		// it) is taken for one.
+		strays, _ := procwatch.FindOwn(func(argv []string) bool {
+			if base := filepath.Base(argv[0]); base != filepath.Base(d.cfg.QEMU) && base != "nsenter" {
+				return false
+			}
 			return slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, dir+"/") })
 		})
 		for _, p := range strays {
