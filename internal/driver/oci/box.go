@@ -228,6 +228,9 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		if err := removeBoxDir(filepath.Join(d.cfg.StateDir, e.Name())); err != nil {
 			errs = append(errs, err)
 		}
+		if err := removeCgroups(e.Name()); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	// runsc lock files of containers that are gone (see removeRunscLocks).
 	if d.isRunsc() {

@@ -470,7 +470,7 @@ func jsonPart(out []byte, open byte) []byte {
 // does not know is not an error.
 func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 	if _, err := os.Stat(filepath.Join(d.runtimeRoot(), id)); errors.Is(err, os.ErrNotExist) && !d.isRunsc() {
-		return nil
+		return removeCgroups(id)
 	}
 	d.output(ctx, "kill", id, "KILL") // best effort: delete --force kills too
 	_, err := d.output(ctx, "delete", "--force", id)
@@ -479,6 +479,9 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 	}
 	if err == nil && d.isRunsc() {
 		d.removeRunscLocks(id)
+	}
+	if err == nil {
+		err = removeCgroups(id)
 	}
 	return err
 }

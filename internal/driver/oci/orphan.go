@@ -2,7 +2,9 @@ package oci
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -69,4 +71,37 @@ func (d *Driver) waitOrphanRuns(ctx context.Context, keep map[string]bool, bound
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// cgroupParent is the cgroup, under every hierarchy, in which the spec
+// (spec.go, CgroupsPath) puts each box's own.
+const cgroupParent = "cubicle"
+
+// removeCgroups removes what is left of box id's cgroups, in cgroup v1's
+// hierarchies (/sys/fs/cgroup/*/cubicle/ID) and v2's (/sys/fs/cgroup/
+// cubicle/ID). The runtime's delete removes them, but not always: the
+// soak of 2026-12-01 left the empty cgroups of 34 of its 166 sandboxes,
+// by a path not pinned down yet (its audit did not look at cgroups then).
+// rmdir removes only an empty cgroup, so one that still has tasks stays,
+// and is reported.
+func removeCgroups(id string) error {
+	if validID(id) != nil {
+		return nil
+	}
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", cgroupParent, id))
+	if v2 := filepath.Join("/sys/fs/cgroup", cgroupParent, id); isDirPath(v2) {
+		dirs = append(dirs, v2)
+	}
+	var errs []error
+	for _, dir := range dirs {
+		if err := syscall.Rmdir(dir); err != nil && err != syscall.ENOENT {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func isDirPath(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
 }

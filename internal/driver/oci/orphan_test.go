@@ -7,12 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // helperEnv names the environment variable that turns the test binary into
@@ -170,5 +172,53 @@ func TestWaitOrphanRuns(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatal("the run left past the bound was not killed")
 		}
+	}
+}
+
+// TestRemoveCgroups checks that deleting a container the runtime does not
+// know still removes the box's empty cgroups, and leaves (and reports) one
+// that has a task in it.
+func TestRemoveCgroups(t *testing.T) {
+	needs.Root(t)
+	if _, err := os.Stat("/sys/fs/cgroup/pids"); err != nil {
+		needs.Skip(t, "no cgroup v1 pids hierarchy: %v", err)
+	}
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			needs.Runtime(t, rt) //depcheck:caller
+			d := New(Config{Runtime: rt, StateDir: filepath.Join(t.TempDir(), "st")})
+			id := "tcgroup" + rt
+			empty := filepath.Join("/sys/fs/cgroup/pids", cgroupParent, id)
+			if err := os.MkdirAll(empty, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Rmdir(empty) })
+			if err := d.deleteContainer(context.Background(), id); err != nil {
+				t.Fatalf("deleteContainer: %v", err)
+			}
+			if _, err := os.Stat(empty); !os.IsNotExist(err) {
+				t.Errorf("empty cgroup %s: %v, want removed", empty, err)
+			}
+
+			// A cgroup with a task stays, and the error says so.
+			busy := filepath.Join("/sys/fs/cgroup/pids", cgroupParent, id+"busy")
+			if err := os.MkdirAll(busy, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command("sleep", "30")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); syscall.Rmdir(busy) })
+			if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := removeCgroups(id + "busy"); err == nil || !strings.Contains(err.Error(), busy) {
+				t.Errorf("removeCgroups of a busy cgroup = %v, want an error naming %s", err, busy)
+			}
+			if _, err := os.Stat(busy); err != nil {
+				t.Errorf("busy cgroup: %v, want kept", err)
+			}
+		})
 	}
 }

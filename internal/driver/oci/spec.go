@@ -146,7 +146,7 @@ func ociSpec(s driver.Spec, rootfs, runDir, agentBin string, runc bool) *specs.S
 			{Destination: AgentPath, Type: "bind", Source: agentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
-			CgroupsPath: "/cubicle/" + s.ID,
+			CgroupsPath: "/" + cgroupParent + "/" + s.ID,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},
