@@ -101,6 +101,10 @@ type Config struct {
 	// ViewKeepsAlive makes an open live view count as activity for the
 	// idle timeout.
 	ViewKeepsAlive bool
+	// ViewWriteTimeout closes a viewer that cannot take a frame for this
+	// long; 0 means 15 s (x11vnc serves its clients from one thread, so
+	// one stuck viewer would otherwise stall the others).
+	ViewWriteTimeout time.Duration
 	// VNCPort is the VNC server's port on the sandbox's loopback.
 	VNCPort int
 	// Context ends with the daemon: open live views close when it is done.

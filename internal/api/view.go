@@ -11,6 +11,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -34,9 +35,7 @@ const (
 	// viewPingInterval keeps idle viewers' connections (and the NATs and
 	// proxies on their way) alive and finds dead ones.
 	viewPingInterval = 30 * time.Second
-	// viewWriteTimeout closes a viewer that cannot take a frame for this
-	// long: x11vnc serves its clients from one thread, so one stuck viewer
-	// would otherwise stall the others.
+	// viewWriteTimeout is Config.ViewWriteTimeout's default.
 	viewWriteTimeout = 15 * time.Second
 	// viewReadLimit bounds one WebSocket message from a viewer; the largest
 	// legitimate one is a clipboard paste (rfb.FilterOptions.MaxCutText).
@@ -498,18 +497,35 @@ func (s *server) pumpView(ctx context.Context, ws *websocket.Conn, up io.ReadWri
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	ws.SetReadLimit(viewReadLimit)
+	writeTimeout := s.cfg.ViewWriteTimeout
+	if writeTimeout <= 0 {
+		writeTimeout = viewWriteTimeout
+	}
 
 	var (
 		once   sync.Once
 		reason string
 		code   websocket.StatusCode
 		done   = make(chan struct{})
+		// slow is set before a write that took too long is cancelled.
+		// Cancelling it makes coder/websocket close the connection, so
+		// the viewer's read fails at once and could otherwise report
+		// "viewer closed" ahead of the writer.
+		slow atomic.Bool
 	)
 	finish := func(c websocket.StatusCode, why string) {
 		once.Do(func() {
 			reason, code = why, c
 			close(done)
 		})
+	}
+	const tooSlow = "viewer too slow or gone"
+	readEnded := func() {
+		if slow.Load() {
+			finish(websocket.StatusPolicyViolation, tooSlow)
+		} else {
+			finish(websocket.StatusNormalClosure, "viewer closed")
+		}
 	}
 
 	var wg sync.WaitGroup
@@ -524,11 +540,16 @@ func (s *server) pumpView(ctx context.Context, ws *websocket.Conn, up io.ReadWri
 		for {
 			n, err := up.Read(buf)
 			if n > 0 {
-				wctx, wcancel := context.WithTimeout(ctx, viewWriteTimeout)
+				wctx, wcancel := context.WithCancel(ctx)
+				timer := time.AfterFunc(writeTimeout, func() {
+					slow.Store(true)
+					wcancel()
+				})
 				werr := ws.Write(wctx, websocket.MessageBinary, buf[:n])
+				timer.Stop()
 				wcancel()
 				if werr != nil {
-					finish(websocket.StatusPolicyViolation, "viewer too slow or gone")
+					finish(websocket.StatusPolicyViolation, tooSlow)
 					return
 				}
 				sent.Add(float64(n))
@@ -549,7 +570,7 @@ func (s *server) pumpView(ctx context.Context, ws *websocket.Conn, up io.ReadWri
 		for {
 			typ, rd, err := ws.Reader(ctx)
 			if err != nil {
-				finish(websocket.StatusNormalClosure, "viewer closed")
+				readEnded()
 				return
 			}
 			if typ != websocket.MessageBinary {
@@ -580,7 +601,7 @@ func (s *server) pumpView(ctx context.Context, ws *websocket.Conn, up io.ReadWri
 					break
 				}
 				if rerr != nil {
-					finish(websocket.StatusNormalClosure, "viewer closed")
+					readEnded()
 					return
 				}
 			}

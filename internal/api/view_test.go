@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +37,10 @@ type fakeVNC struct {
 	pointers int
 	keys     int
 	updates  int
+	// flood is how many more bytes (a raw rectangle's worth of pixels)
+	// follow each answer to an update request, to fill a slow viewer's
+	// buffers.
+	flood int
 }
 
 func (v *fakeVNC) forward(w http.ResponseWriter, r *http.Request) {
@@ -122,6 +127,12 @@ func (v *fakeVNC) serve(rd io.Reader, w io.Writer) error {
 				// (0x00RRGGBB, little-endian).
 				_, err = w.Write([]byte{0, 0, 0, 1, 0, 0, 0, 0, 0, 2, 0, 1, 0, 0, 0, 0,
 					0, 0, 0xff, 0, 0, 0, 0xff, 0})
+				v.mu.Lock()
+				flood := v.flood
+				v.mu.Unlock()
+				if err == nil && flood > 0 {
+					_, err = w.Write(make([]byte, flood))
+				}
 			}
 		case 4:
 			if _, err = read(7); err == nil {
@@ -564,6 +575,59 @@ func TestVNCNoLeak(t *testing.T) {
 	}, "goroutines and connections back to the baseline")
 	if _, total, _, _, _, _ := ve.agent.vnc.count(); total != 101 {
 		t.Errorf("%d VNC connections, want 101", total)
+	}
+}
+
+// TestSlowViewerCut checks that a viewer that stops reading is cut after
+// the write timeout, and that the log says why: the cut closes the
+// connection under the viewer's reader too, which must not win the race
+// and call it "viewer closed".
+func TestSlowViewerCut(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	ve := newViewEnv(t, Config{ViewWriteTimeout: timeout})
+	ve.agent.vnc.mu.Lock()
+	ve.agent.vnc.flood = 1 << 20
+	ve.agent.vnc.mu.Unlock()
+	tok := url.QueryEscape(ve.token(t, true))
+	dialer := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		})
+		return errors.Join(err, serr)
+	}}
+	const rounds = 20
+	for i := 0; i < rounds; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ve.url, "http")+"/v1/sandboxes/"+runningID+"/vnc?token="+tok,
+			&websocket.DialOptions{
+				HTTPClient:   &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext}},
+				Subprotocols: []string{"binary"},
+			})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cl := rfb.NewClient(websocket.NetConn(ctx, c, websocket.MessageBinary))
+		if _, err := cl.Handshake(true); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		// Ask for updates and read nothing; the daemon's writes block.
+		for j := 0; j < 8; j++ {
+			if err := cl.RequestUpdate(false, 0, 0, 64, 48); err != nil {
+				break
+			}
+		}
+		waitFor(t, func() bool { return strings.Count(ve.logs.String(), `"viewer disconnected"`) > i }, "the slow viewer cut")
+		if d := time.Since(start); d < timeout {
+			t.Errorf("round %d: viewer cut after %v, before the %v write timeout", i, d, timeout)
+		}
+		c.CloseNow()
+		cancel()
+	}
+	if n := strings.Count(ve.logs.String(), `"reason":"viewer too slow or gone"`); n != rounds {
+		t.Errorf("%d of %d slow viewers were logged as too slow; log:\n%s", n, rounds, ve.logs.String())
 	}
 }
 
