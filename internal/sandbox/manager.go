@@ -229,13 +229,22 @@ func (m *Manager) recover(ctx context.Context) error {
 				// Its create never finished: to its creator that is
 				// a failed create, with the reason to show.
 				log.Info("sandbox was starting when the daemon stopped; cleaned")
-				r.Sandbox.State = StateFailed
+				if err := r.move(StateFailed); err != nil {
+					return err
+				}
 				r.Sandbox.Error = "cubicled stopped while the sandbox was starting; everything it held was freed"
 				r.DriverState = nil
 			} else {
 				log.Info("sandbox died while the daemon was away; cleaned")
 				m.m.Reaped.WithLabelValues("dead").Inc()
-				r.Sandbox.State = StateStopped
+				if r.Sandbox.State != StateStopping {
+					if err := r.move(StateStopping); err != nil {
+						return err
+					}
+				}
+				if err := r.move(StateStopped); err != nil {
+					return err
+				}
 			}
 			if err := m.store.put(r); err != nil {
 				return err
@@ -588,12 +597,11 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		}
 		log.Error("create failed", "err", err)
 		m.m.CreateFailures.WithLabelValues(d.Name()).Inc()
-		e.rec.Sandbox.State = StateFailed
+		_ = m.transitionLocked(e, StateFailed) // starting → failed: always legal
 		e.rec.Sandbox.Error = err.Error()
 		e.failErr = err
 		e.rec.StoppedAt = m.cfg.Clock.Now()
 		e.rec.DriverState = nil
-		m.updateGaugesLocked()
 		m.mu.Unlock()
 		close(e.stopped)
 		if err := m.persist(e); err != nil {
@@ -647,9 +655,8 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 	}
 	e.box, e.client = box, client
 	e.rec.DriverState = &st
-	e.rec.Sandbox.State = StateRunning
+	_ = m.transitionLocked(e, StateRunning) // still starting, checked above
 	e.rec.Sandbox.Desktop = &hasDesktop
-	m.updateGaugesLocked()
 	m.mu.Unlock()
 	if err := m.persist(e); err != nil {
 		log.Warn("persist running sandbox", "err", err)
@@ -710,17 +717,17 @@ func (m *Manager) watch(e *entry) {
 func (m *Manager) teardown(e *entry, reason string) {
 	e.stopOnce.Do(func() {
 		m.mu.Lock()
-		prev := e.rec.Sandbox.State
-		if prev == StateStopped || prev == StateFailed {
+		if s := e.rec.Sandbox.State; s == StateStopped || s == StateFailed {
+			// Nothing is left to stop (a failed stop is the
+			// reaper's to try again).
 			m.mu.Unlock()
 			return
 		}
-		e.rec.Sandbox.State = StateStopping
+		_ = m.transitionLocked(e, StateStopping) // from every live state (TestTransitions)
 		close(e.ending)
 		if e.cancel != nil {
 			e.cancel()
 		}
-		m.updateGaugesLocked()
 		m.mu.Unlock()
 		log := m.log.With("sandbox", e.rec.Sandbox.ID)
 		if err := m.persist(e); err != nil {
@@ -743,15 +750,15 @@ func (m *Manager) teardown(e *entry, reason string) {
 			}
 		}
 		m.mu.Lock()
-		e.rec.Sandbox.State = StateStopped
 		e.rec.StoppedAt = m.cfg.Clock.Now()
 		if err != nil {
-			e.rec.Sandbox.State = StateFailed
+			_ = m.transitionLocked(e, StateFailed) // stopping → failed
 			e.rec.Sandbox.Error = "stop: " + err.Error()
 			e.stopFailed = e.box != nil
 			log.Error("stop sandbox; the reaper will try again", "err", err)
+		} else {
+			_ = m.transitionLocked(e, StateStopped) // stopping → stopped
 		}
-		m.updateGaugesLocked()
 		m.mu.Unlock()
 		close(e.stopped)
 		if err := m.persist(e); err != nil {
@@ -965,8 +972,7 @@ func (m *Manager) snapshotLocked(e *entry) Sandbox {
 func (m *Manager) activeLocked() int {
 	n := 0
 	for _, e := range m.entries {
-		switch e.rec.Sandbox.State {
-		case StateStarting, StateRunning, StateStopping:
+		if e.rec.Sandbox.State.holdsSlot() {
 			n++
 		}
 	}
@@ -977,11 +983,8 @@ func (m *Manager) activeLocked() int {
 func (m *Manager) activeOfLocked(owner string) int {
 	n := 0
 	for _, e := range m.entries {
-		switch e.rec.Sandbox.State {
-		case StateStarting, StateRunning, StateStopping:
-			if e.rec.Request.Owner == owner {
-				n++
-			}
+		if e.rec.Sandbox.State.holdsSlot() && e.rec.Request.Owner == owner {
+			n++
 		}
 	}
 	return n

@@ -116,9 +116,8 @@ func (m *Manager) retryStop(e *entry) {
 		return
 	}
 	e.stopFailed = false
-	e.rec.Sandbox.State = StateStopped
+	_ = m.transitionLocked(e, StateStopped) // failed → stopped
 	e.rec.Sandbox.Error = ""
-	m.updateGaugesLocked()
 	m.mu.Unlock()
 	if err := m.persist(e); err != nil {
 		m.log.Warn("persist stopped", "sandbox", id, "err", err)

@@ -1,14 +1,11 @@
 package sandbox
 
 import (
-	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/cubicle-dev/cubicle/internal/driver"
 )
 
 // The store is bbolt: a single-file, embedded, transactional key/value store
@@ -16,17 +13,6 @@ import (
 // restart (a handful of records, written on state changes only).
 
 var bucketSandboxes = []byte("sandboxes")
-
-// record is what the store keeps of one sandbox: enough to answer the API and
-// to re-adopt the box after a daemon restart.
-type record struct {
-	Sandbox     Sandbox       `json:"sandbox"`
-	Request     CreateRequest `json:"request"`
-	Token       string        `json:"token"`
-	IdleTimeout time.Duration `json:"idle_timeout"`
-	DriverState *driver.State `json:"driver_state,omitempty"`
-	StoppedAt   time.Time     `json:"stopped_at,omitzero"`
-}
 
 // store persists records in a bbolt file under the data dir.
 type store struct {
@@ -52,7 +38,7 @@ func openStore(dataDir string) (*store, error) {
 func (s *store) close() error { return s.db.Close() }
 
 func (s *store) put(r *record) error {
-	b, err := json.Marshal(r)
+	b, err := encodeRecord(r)
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", r.Sandbox.ID, err)
 	}
@@ -80,26 +66,4 @@ func (s *store) all() ([]*record, error) {
 		})
 	})
 	return out, err
-}
-
-// decodeRecord reads a stored record, filling in what records written by
-// older daemons lack.
-func decodeRecord(b []byte) (*record, error) {
-	r := new(record)
-	if err := json.Unmarshal(b, r); err != nil {
-		return nil, err
-	}
-	var has struct {
-		Sandbox struct {
-			Desktop *bool `json:"desktop"`
-		} `json:"sandbox"`
-	}
-	if err := json.Unmarshal(b, &has); err != nil {
-		return nil, err
-	}
-	if has.Sandbox.Desktop == nil && r.Sandbox.State != StateStarting && r.Sandbox.State != StateFailed {
-		yes := true // before headless sandboxes, every sandbox had a desktop
-		r.Sandbox.Desktop = &yes
-	}
-	return r, nil
 }

@@ -6,14 +6,18 @@ import (
 	"time"
 )
 
-// State is a sandbox's place in its life: starting → running → stopping →
-// stopped | failed.
+// State is a sandbox's place in its life; transitions (state.go) lists
+// the moves between states.
 type State string
 
-// The sandbox states of API.md.
+// The sandbox states of API.md, and those of pause and resume, which no
+// sandbox reaches until a backend can pause.
 const (
 	StateStarting State = "starting"
 	StateRunning  State = "running"
+	StatePausing  State = "pausing"
+	StatePaused   State = "paused"
+	StateResuming State = "resuming"
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 	StateFailed   State = "failed"
