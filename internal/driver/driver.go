@@ -63,20 +63,35 @@ type Prober interface {
 	Probe(ctx context.Context) error
 }
 
-// Spec says what box to start.
+// Spec says what box to start: the box's shape, and the session it
+// starts with.
 type Spec struct {
-	ID        string            // sandbox ID, [a-z0-9]
-	Image     string            // rootfs directory of the image (read-only, shared)
-	VCPUs     int               // 0 = driver default
-	MemoryMB  int               // 0 = driver default
-	PidsLimit int               // 0 = driver default
-	Token     string            // agent token the agent must check
-	Env       map[string]string // environment for every process in the box
-	Width     int               // screen
-	Height    int
-	DPI       int
-	StartURL  string
-	Net       *Net // nil: no network at all (loopback only)
+	ID string // sandbox ID, [a-z0-9]
+	Shape
+	Session
+}
+
+// Shape is what makes a box what it is, fixed for its life: a box of a
+// warm pool is made to a shape before anyone asks for it, and a fork has
+// the shape of its parent.
+type Shape struct {
+	Image     string // rootfs directory of the image (read-only, shared)
+	VCPUs     int    // 0 = driver default
+	MemoryMB  int    // 0 = driver default
+	PidsLimit int    // 0 = driver default
+	Net       *Net   // nil: no network at all (loopback only)
+}
+
+// Session is what belongs to one user's use of a box: today a box starts
+// with it; a box taken from a warm pool or forked from another gets a new
+// one in place.
+type Session struct {
+	Token    string            // agent token the agent must check
+	Env      map[string]string // environment for every process in the box
+	Width    int               // screen
+	Height   int
+	DPI      int
+	StartURL string
 }
 
 // Net is a sandbox's network attachment, prepared by the manager (via

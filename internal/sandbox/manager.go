@@ -517,9 +517,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	}
 
 	spec := driver.Spec{
-		ID: rec.Sandbox.ID, Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB,
-		Token: rec.Token, Env: req.Env, Width: req.Resolution.Width, Height: req.Resolution.Height,
-		DPI: req.DPI, StartURL: req.StartURL,
+		ID:      rec.Sandbox.ID,
+		Shape:   driver.Shape{Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB},
+		Session: sessionOf(rec),
 	}
 	m.wg.Add(1)
 	go func() {
@@ -566,6 +566,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "create sandbox: %s", sb.Error)
 	}
 	return sb, nil
+}
+
+// sessionOf is the session a record's box is to run: its own token and
+// what its create asked for.
+func sessionOf(r *record) driver.Session {
+	q := r.Request
+	return driver.Session{
+		Token: r.Token, Env: q.Env,
+		Width: q.Resolution.Width, Height: q.Resolution.Height, DPI: q.DPI,
+		StartURL: q.StartURL,
+	}
 }
 
 // start attaches the network, runs the driver and waits for the desktop;

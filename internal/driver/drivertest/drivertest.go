@@ -224,14 +224,16 @@ func (s *suite) available(t *testing.T, d driver.Driver) {
 // environment as DRIVERTEST_NONCE.
 func (s *suite) newSpec(tag, startURL string) driver.Spec {
 	return driver.Spec{
-		ID:       "dt" + tag + randomString(10),
-		Image:    s.cfg.image,
-		Token:    randomString(32),
-		Env:      map[string]string{"DRIVERTEST_NONCE": randomString(16)},
-		Width:    width,
-		Height:   height,
-		DPI:      96,
-		StartURL: startURL,
+		ID:    "dt" + tag + randomString(10),
+		Shape: driver.Shape{Image: s.cfg.image},
+		Session: driver.Session{
+			Token:    randomString(32),
+			Env:      map[string]string{"DRIVERTEST_NONCE": randomString(16)},
+			Width:    width,
+			Height:   height,
+			DPI:      96,
+			StartURL: startURL,
+		},
 	}
 }
 

@@ -87,14 +87,20 @@ var testLimits = Config{
 
 func testSpec(image string) driver.Spec {
 	return driver.Spec{
-		ID: "fc1", Image: image, VCPUs: 1, MemoryMB: 512, Token: "0123abcd",
-		Width: 1024, Height: 768, DPI: 96, StartURL: "https://example.test/a b",
-		Env: map[string]string{"LANG": "C.UTF-8"},
-		Net: &driver.Net{
-			Netns: "/run/netns/cubicle-fc1", TAP: "tap-fc1", MAC: "06:00:0a:00:00:02",
-			Addr:    netip.MustParsePrefix("10.0.0.2/24"),
-			Gateway: netip.MustParseAddr("10.0.0.1"),
-			DNS:     []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("9.9.9.9")},
+		ID: "fc1",
+		Shape: driver.Shape{
+			Image: image, VCPUs: 1, MemoryMB: 512,
+			Net: &driver.Net{
+				Netns: "/run/netns/cubicle-fc1", TAP: "tap-fc1", MAC: "06:00:0a:00:00:02",
+				Addr:    netip.MustParsePrefix("10.0.0.2/24"),
+				Gateway: netip.MustParseAddr("10.0.0.1"),
+				DNS:     []netip.Addr{netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("9.9.9.9")},
+			},
+		},
+		Session: driver.Session{
+			Token: "0123abcd",
+			Width: 1024, Height: 768, DPI: 96, StartURL: "https://example.test/a b",
+			Env: map[string]string{"LANG": "C.UTF-8"},
 		},
 	}
 }

@@ -94,7 +94,7 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0
 }
 
 func TestKernelArgs(t *testing.T) {
-	spec := withDefaults(driver.Spec{ID: "ab12", Token: "deadbeef", StartURL: "https://example.test/"})
+	spec := withDefaults(driver.Spec{ID: "ab12", Session: driver.Session{Token: "deadbeef", StartURL: "https://example.test/"}})
 	got, err := KernelArgs(spec, "init=/init")
 	if err != nil {
 		t.Fatal(err)

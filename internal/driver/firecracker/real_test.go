@@ -68,7 +68,7 @@ func TestRealBoot(t *testing.T) {
 	d, rootfs := realFirecracker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	b, err := d.Create(ctx, driver.Spec{ID: "fcreal1", Image: rootfs, VCPUs: 1, MemoryMB: 1024, Token: "feedface"})
+	b, err := d.Create(ctx, driver.Spec{ID: "fcreal1", Shape: driver.Shape{Image: rootfs, VCPUs: 1, MemoryMB: 1024}, Session: driver.Session{Token: "feedface"}})
 	if err != nil {
 		t.Fatal(err)
 	}

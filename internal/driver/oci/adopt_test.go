@@ -98,7 +98,7 @@ func TestAdoptSurvivesASlowRuntime(t *testing.T) {
 			} {
 				t.Run(tt.mode, func(t *testing.T) {
 					id := uniqueID("tslow" + tt.mode + suffix[rt])
-					b, err := d.Create(ctx, driver.Spec{ID: id, Image: image, Token: "tok" + tt.mode})
+					b, err := d.Create(ctx, driver.Spec{ID: id, Shape: driver.Shape{Image: image}, Session: driver.Session{Token: "tok" + tt.mode}})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -150,7 +150,7 @@ func TestAdoptSurvivesASlowRuntime(t *testing.T) {
 			// be gone; once the runtime says so, it is dead.
 			t.Run("gone", func(t *testing.T) {
 				id := uniqueID("tslowgone" + suffix[rt])
-				b, err := d.Create(ctx, driver.Spec{ID: id, Image: image, Token: "x"})
+				b, err := d.Create(ctx, driver.Spec{ID: id, Shape: driver.Shape{Image: image}, Session: driver.Session{Token: "x"}})
 				if err != nil {
 					t.Fatal(err)
 				}

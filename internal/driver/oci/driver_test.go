@@ -148,8 +148,12 @@ func TestBox(t *testing.T) {
 			id := "t" + strings.ReplaceAll(rt, "runsc", "gv") + "box1"
 			start := time.Now()
 			b, err := d.Create(ctx, driver.Spec{
-				ID: id, Image: image, Token: "tok123", Env: map[string]string{"FOO": "bar"},
-				Width: 1024, Height: 768, StartURL: "about:blank",
+				ID:    id,
+				Shape: driver.Shape{Image: image},
+				Session: driver.Session{
+					Token: "tok123", Env: map[string]string{"FOO": "bar"},
+					Width: 1024, Height: 768, StartURL: "about:blank",
+				},
 			})
 			if err != nil {
 				t.Fatal(err)
@@ -230,7 +234,7 @@ func TestBoxExitClosesWait(t *testing.T) {
 		t.Run(rt, func(t *testing.T) {
 			d, image := newTestDriver(t, rt)
 			ctx := context.Background()
-			b, err := d.Create(ctx, driver.Spec{ID: "texit" + rt[3:], Image: image, Token: "x"})
+			b, err := d.Create(ctx, driver.Spec{ID: "texit" + rt[3:], Shape: driver.Shape{Image: image}, Session: driver.Session{Token: "x"}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -258,15 +262,15 @@ func TestCreateFailureLeavesNothing(t *testing.T) {
 			d, image := newTestDriver(t, rt)
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if _, err := d.Create(ctx, driver.Spec{ID: "tbadimage", Image: "/nonexistent/rootfs"}); err == nil {
+			if _, err := d.Create(ctx, driver.Spec{ID: "tbadimage", Shape: driver.Shape{Image: "/nonexistent/rootfs"}}); err == nil {
 				t.Fatal("Create with a missing image succeeded")
 			}
 			assertGone(t, d, "tbadimage", 0)
-			if _, err := d.Create(ctx, driver.Spec{ID: "Bad/ID", Image: image}); err == nil {
+			if _, err := d.Create(ctx, driver.Spec{ID: "Bad/ID", Shape: driver.Shape{Image: image}}); err == nil {
 				t.Fatal("Create with a bad ID succeeded")
 			}
 			// The container starts, but the agent exits before listening.
-			_, err := d.Create(ctx, driver.Spec{ID: "tagentdies", Image: image, Env: map[string]string{"TESTAGENT_EXIT": "1"}})
+			_, err := d.Create(ctx, driver.Spec{ID: "tagentdies", Shape: driver.Shape{Image: image}, Session: driver.Session{Env: map[string]string{"TESTAGENT_EXIT": "1"}}})
 			if err == nil {
 				t.Fatal("Create with a dying agent succeeded")
 			}
@@ -281,12 +285,12 @@ func TestCleanupRemovesOrphans(t *testing.T) {
 		t.Run(rt, func(t *testing.T) {
 			d, image := newTestDriver(t, rt)
 			ctx := context.Background()
-			keep, err := d.Create(ctx, driver.Spec{ID: "tkeep", Image: image})
+			keep, err := d.Create(ctx, driver.Spec{ID: "tkeep", Shape: driver.Shape{Image: image}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer keep.Stop(ctx)
-			orphan, err := d.Create(ctx, driver.Spec{ID: "torphan", Image: image})
+			orphan, err := d.Create(ctx, driver.Spec{ID: "torphan", Shape: driver.Shape{Image: image}})
 			if err != nil {
 				t.Fatal(err)
 			}

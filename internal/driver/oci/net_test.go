@@ -47,7 +47,7 @@ func TestBoxNetwork(t *testing.T) {
 			}
 			t.Logf("attach took %v", time.Since(t0))
 			defer pool.Detach(context.Background(), id)
-			b, err := d.Create(ctx, driver.Spec{ID: id, Image: image, Token: "x", Net: n})
+			b, err := d.Create(ctx, driver.Spec{ID: id, Shape: driver.Shape{Image: image, Net: n}, Session: driver.Session{Token: "x"}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -44,7 +44,7 @@ func helperCreate(job string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	if _, err := New(j.Cfg).Create(context.Background(), driver.Spec{ID: j.ID, Image: j.Image}); err != nil {
+	if _, err := New(j.Cfg).Create(context.Background(), driver.Spec{ID: j.ID, Shape: driver.Shape{Image: j.Image}}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -22,7 +22,7 @@ func TestSpecPidsLimit(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := withDefaults(driver.Spec{ID: "abc", Token: "t", PidsLimit: tt.limit})
+			s := withDefaults(driver.Spec{ID: "abc", Shape: driver.Shape{PidsLimit: tt.limit}, Session: driver.Session{Token: "t"}})
 			sp := ociSpec(s, "/rootfs", "/run/x", "/bin/agent", tt.runc)
 			if got := *sp.Linux.Resources.Pids.Limit; got != tt.want {
 				t.Fatalf("pids limit %d, want %d", got, tt.want)

@@ -12,11 +12,11 @@ import (
 
 func TestQEMUArgs(t *testing.T) {
 	d := New(Config{StateDir: "/var/lib/cubicle/qemu", Machine: "microvm"})
-	s := withDefaults(driver.Spec{ID: "abc", Net: &driver.Net{
+	s := withDefaults(driver.Spec{ID: "abc", Shape: driver.Shape{Net: &driver.Net{
 		TAP: "tap-abc", MAC: "02:00:00:00:00:01",
 		Addr: netip.MustParsePrefix("10.88.0.5/24"), Gateway: netip.MustParseAddr("10.88.0.1"),
 		DNS: []netip.Addr{netip.MustParseAddr("10.88.0.1")},
-	}})
+	}}})
 	args := strings.Join(d.qemuArgs(s, "/d/abc", "/k", "/i", false), " ")
 	for _, want := range []string{
 		"-M microvm,", "-accel tcg,thread=multi", "-m 1024", "-smp 2",
