@@ -80,6 +80,24 @@ type Shape struct {
 	MemoryMB  int    // 0 = driver default
 	PidsLimit int    // 0 = driver default
 	Net       *Net   // nil: no network at all (loopback only)
+	// Volumes are persistent disks the box mounts; only a driver that
+	// is a VolumeAttacher is given any.
+	Volumes []Volume
+}
+
+// Volume is a persistent disk of a box: an ext4 filesystem image on the
+// host that the box mounts read-write at Path. The manager sees to it
+// that one live box at most holds a volume.
+type Volume struct {
+	Name string // the volume's name, [a-z0-9._-]
+	File string // host path of the filesystem image
+	Path string // absolute, clean mount path in the box
+}
+
+// VolumeAttacher is implemented by backends that can mount volumes; the
+// manager refuses a create with volumes on any other.
+type VolumeAttacher interface {
+	AttachesVolumes() bool
 }
 
 // Session is what belongs to one user's use of a box: today a box starts

@@ -54,11 +54,16 @@ type Config struct {
 	OwnerCreateRate  rate.Limit
 	OwnerCreateBurst int
 	IdleTimeout      time.Duration // default 30 min
-	MaxLifetime      time.Duration // default 60 min; < 0 = unlimited
-	ReadyTimeout     time.Duration // default 90 s: create → desktop ready
-	Retention        time.Duration // how long stopped/failed records stay listed; default 10 min
-	ReapInterval     time.Duration // default 1 s
-	Clock            Clock
+	// MaxVolumeMB is the largest volume (default DefaultMaxVolumeMB);
+	// MaxVolumesPerOwner is how many volumes one API key may have
+	// (default DefaultMaxVolumesPerOwner).
+	MaxVolumeMB        int
+	MaxVolumesPerOwner int
+	MaxLifetime        time.Duration // default 60 min; < 0 = unlimited
+	ReadyTimeout       time.Duration // default 90 s: create → desktop ready
+	Retention          time.Duration // how long stopped/failed records stay listed; default 10 min
+	ReapInterval       time.Duration // default 1 s
+	Clock              Clock
 	// Network gives sandboxes a network; nil means none at all (loopback
 	// only), and requests asking for egress are refused.
 	Network NetPool
@@ -83,6 +88,7 @@ type Manager struct {
 	mu       sync.Mutex
 	entries  map[string]*entry
 	limiters map[string]*rate.Limiter // per owner, with OwnerCreateRate
+	volumes  map[string]*volume       // by volumeKey
 	// gaugeKeys are the (state, backend) series of cubicle_sandboxes set
 	// last, so that updateGaugesLocked can delete the ones that go away.
 	gaugeKeys map[[2]string]int
@@ -134,6 +140,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Second
 	}
+	if cfg.MaxVolumeMB == 0 {
+		cfg.MaxVolumeMB = DefaultMaxVolumeMB
+	}
+	if cfg.MaxVolumesPerOwner == 0 {
+		cfg.MaxVolumesPerOwner = DefaultMaxVolumesPerOwner
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = wallClock{}
 	}
@@ -159,14 +171,26 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		ctx: mctx, cancel: cancel,
 		entries:  make(map[string]*entry),
 		limiters: make(map[string]*rate.Limiter),
+		volumes:  make(map[string]*volume),
 		avail:    make(map[string]availability),
 	}
 	m.m.Capacity.Set(float64(cfg.MaxSandboxes))
+	vols, err := st.allVolumes()
+	if err != nil {
+		cancel()
+		st.close()
+		return nil, err
+	}
+	for _, v := range vols {
+		m.volumes[volumeKey(v.Owner, v.Name)] = v
+	}
 	if err := m.recover(ctx); err != nil {
 		cancel()
 		st.close()
 		return nil, err
 	}
+	// After recovery: a volume whose sandbox did not survive is free.
+	m.reconcileVolumes()
 	// Backends that must probe-boot a guest start now, so the first
 	// create does not wait for the boot (nor does recovery: orphans are
 	// cleaned above whatever the probe says).
@@ -454,6 +478,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if err != nil {
 		return Sandbox{}, err
 	}
+	if len(req.Volumes) > 0 {
+		if va, ok := d.(driver.VolumeAttacher); !ok || !va.AttachesVolumes() {
+			return Sandbox{}, errdefs.New(errdefs.ErrNotSupported, "backend %s cannot attach volumes yet; gvisor and runc can", d.Name())
+		}
+	}
 	if req.Template == "" {
 		req.Template = "desktop"
 	}
@@ -480,7 +509,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		Sandbox: Sandbox{
 			ID: newID(), State: StateStarting, Template: req.Template,
 			Backend: d.Name(), Isolation: d.Isolation(), Resolution: req.Resolution,
-			CreatedAt: now, LastActiveAt: now, Metadata: req.Metadata,
+			CreatedAt: now, LastActiveAt: now, Metadata: req.Metadata, Volumes: req.Volumes,
 		},
 		Request: req, Token: newToken(), IdleTimeout: idle,
 	}
@@ -504,11 +533,23 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		cancel()
 		return Sandbox{}, errdefs.New(errdefs.ErrQuota, "this API key already has %d live sandboxes, its limit", m.cfg.MaxPerOwner)
 	}
+	dvols, took, err := m.attachVolumesLocked(rec.Sandbox.ID, req.Owner, req.Volumes)
+	if err != nil {
+		m.mu.Unlock()
+		cancel()
+		return Sandbox{}, err
+	}
 	m.entries[rec.Sandbox.ID] = e
 	m.updateGaugesLocked()
 	m.mu.Unlock()
+	for _, v := range took {
+		if err := m.store.putVolume(v); err != nil {
+			m.log.Warn("persist attached volume", "volume", v.Name, "err", err)
+		}
+	}
 	if err := m.store.put(rec); err != nil {
 		m.forget(rec.Sandbox.ID)
+		m.releaseVolumes(rec.Sandbox.ID)
 		cancel()
 		if errors.Is(err, syscall.ENOSPC) {
 			return Sandbox{}, errFull
@@ -518,7 +559,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 
 	spec := driver.Spec{
 		ID:      rec.Sandbox.ID,
-		Shape:   driver.Shape{Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB},
+		Shape:   driver.Shape{Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Volumes: dvols},
 		Session: sessionOf(rec),
 	}
 	m.wg.Add(1)
@@ -618,6 +659,7 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 		if err := m.persist(e); err != nil {
 			log.Warn("persist failed sandbox", "err", err)
 		}
+		m.releaseVolumes(id) // the driver's failed Create left nothing mounted
 	}
 	if m.cfg.Network != nil {
 		tn := time.Now()
@@ -770,10 +812,14 @@ func (m *Manager) teardown(e *entry, reason string) {
 		} else {
 			_ = m.transitionLocked(e, StateStopped) // stopping → stopped
 		}
+		stopFailed := e.stopFailed
 		m.mu.Unlock()
 		close(e.stopped)
 		if err := m.persist(e); err != nil {
 			log.Warn("persist stopped", "err", err)
+		}
+		if !stopFailed {
+			m.releaseVolumes(e.rec.Sandbox.ID)
 		}
 		if reason != "" {
 			m.m.Reaped.WithLabelValues(reason).Inc()
@@ -972,6 +1018,7 @@ func (m *Manager) snapshotLocked(e *entry) Sandbox {
 	sb := e.rec.Sandbox
 	sb.LastActiveAt = e.lastActive
 	sb.Metadata = maps.Clone(sb.Metadata)
+	sb.Volumes = slices.Clone(sb.Volumes)
 	if sb.Desktop != nil {
 		d := *sb.Desktop
 		sb.Desktop = &d

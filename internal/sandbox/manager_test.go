@@ -71,6 +71,9 @@ type fakeDriver struct {
 	// stopFails is how many Stop calls fail (then succeed), as an
 	// unmount that is busy for a while would.
 	stopFails int
+	noVolumes bool // the backend cannot attach volumes
+
+	specs map[string]driver.Spec // what each Create was given, by ID
 
 	mu    sync.Mutex
 	boxes map[string]*fakeBox // live boxes
@@ -84,7 +87,15 @@ func (d *fakeDriver) Name() string                    { return "gvisor" }
 func (d *fakeDriver) Isolation() string               { return driver.IsolationGVisor }
 func (d *fakeDriver) Available(context.Context) error { return nil }
 
+func (d *fakeDriver) AttachesVolumes() bool { return !d.noVolumes }
+
 func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, error) {
+	d.mu.Lock()
+	if d.specs == nil {
+		d.specs = map[string]driver.Spec{}
+	}
+	d.specs[spec.ID] = spec
+	d.mu.Unlock()
 	if d.failErr != nil {
 		return nil, d.failErr
 	}

@@ -122,5 +122,6 @@ func (m *Manager) retryStop(e *entry) {
 	if err := m.persist(e); err != nil {
 		m.log.Warn("persist stopped", "sandbox", id, "err", err)
 	}
+	m.releaseVolumes(id)
 	m.log.Info("sandbox stopped on a later try; everything it held is freed", "sandbox", id)
 }

@@ -76,6 +76,13 @@ type storedRequest struct {
 	Egress             string            `json:"egress,omitempty"`
 	Allow              []string          `json:"allow,omitempty"`
 	Owner              string            `json:"owner,omitempty"`
+	Volumes            []storedMount     `json:"volumes,omitempty"`
+}
+
+// storedMount is a VolumeMount in the store.
+type storedMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // encodeRecord gives the stored form of r, at recordVersion.
@@ -95,6 +102,9 @@ func encodeRecord(r *record) ([]byte, error) {
 			StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
 			Egress: q.Network.Egress, Allow: q.Network.Allow, Owner: q.Owner,
 		},
+	}
+	for _, v := range q.Volumes {
+		s.Request.Volumes = append(s.Request.Volumes, storedMount(v))
 	}
 	if d := r.DriverState; d != nil {
 		s.Driver = &storedDriver{Version: d.Version, Name: d.Driver, Data: d.Data}
@@ -148,6 +158,10 @@ func decodeV2(b []byte) (*record, error) {
 	if r.Sandbox.Metadata == nil {
 		r.Sandbox.Metadata = map[string]string{}
 	}
+	for _, v := range q.Volumes {
+		r.Request.Volumes = append(r.Request.Volumes, VolumeMount(v))
+	}
+	r.Sandbox.Volumes = r.Request.Volumes
 	if d := s.Driver; d != nil {
 		r.DriverState = &driver.State{Version: d.Version, Driver: d.Name, Data: d.Data}
 	}

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -12,7 +13,10 @@ import (
 // with no cgo and no server, which is all the manager needs to survive a
 // restart (a handful of records, written on state changes only).
 
-var bucketSandboxes = []byte("sandboxes")
+var (
+	bucketSandboxes = []byte("sandboxes")
+	bucketVolumes   = []byte("volumes")
+)
 
 // store persists records in a bbolt file under the data dir.
 type store struct {
@@ -26,8 +30,12 @@ func openStore(dataDir string) (*store, error) {
 		return nil, fmt.Errorf("open store %s: %w (is another cubicled running?)", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucketSandboxes)
-		return err
+		for _, b := range [][]byte{bucketSandboxes, bucketVolumes} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("init store: %w", err)
@@ -62,6 +70,52 @@ func (s *store) all() ([]*record, error) {
 				return fmt.Errorf("decode record %s: %w", k, err)
 			}
 			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// storedVolume is a volume as the store keeps it.
+type storedVolume struct {
+	Version    int       `json:"v"`
+	Owner      string    `json:"owner"`
+	Name       string    `json:"name"`
+	SizeMB     int       `json:"size_mb"`
+	CreatedAt  time.Time `json:"created"`
+	AttachedTo string    `json:"attached_to,omitempty"`
+}
+
+const volumeVersion = 1
+
+func (s *store) putVolume(v *volume) error {
+	b, err := json.Marshal(storedVolume{Version: volumeVersion, Owner: v.Owner, Name: v.Name, SizeMB: v.SizeMB, CreatedAt: v.CreatedAt, AttachedTo: v.AttachedTo})
+	if err != nil {
+		return fmt.Errorf("encode volume %s: %w", v.Name, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).Put([]byte(volumeKey(v.Owner, v.Name)), b)
+	})
+}
+
+func (s *store) deleteVolume(owner, name string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).Delete([]byte(volumeKey(owner, name)))
+	})
+}
+
+func (s *store) allVolumes() ([]*volume, error) {
+	var out []*volume
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketVolumes).ForEach(func(k, b []byte) error {
+			var sv storedVolume
+			if err := json.Unmarshal(b, &sv); err != nil {
+				return fmt.Errorf("decode volume %q: %w", k, err)
+			}
+			if sv.Version != volumeVersion {
+				return fmt.Errorf("volume %q: record version %d: this cubicled reads version %d (was the data directory used by a newer cubicled?)", k, sv.Version, volumeVersion)
+			}
+			out = append(out, &volume{Owner: sv.Owner, Name: sv.Name, SizeMB: sv.SizeMB, CreatedAt: sv.CreatedAt, AttachedTo: sv.AttachedTo})
 			return nil
 		})
 	})

@@ -51,6 +51,9 @@ type CreateRequest struct {
 	Env                map[string]string `json:"env,omitempty"`
 	Metadata           map[string]string `json:"metadata,omitempty"`
 	Network            Network           `json:"network"`
+	// Volumes are attached to the sandbox for its life; each must be the
+	// owner's and free.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// Owner is who asks: KeyOwner of the API key, "" without keys. The
 	// per-owner quotas (Config.MaxPerOwner, OwnerCreateRate) apply to it.
 	// Set by the API layers, never from a request body.
@@ -80,6 +83,7 @@ type Sandbox struct {
 	LastActiveAt time.Time         `json:"last_active_at"`
 	Metadata     map[string]string `json:"metadata"`
 	IP           string            `json:"ip,omitempty"`
+	Volumes      []VolumeMount     `json:"volumes,omitempty"`
 	// Desktop is false for a headless sandbox: its image has no X server,
 	// so only commands and files work. It is nil until the agent has said
 	// (a sandbox still starting, or one that failed to), and omitted then.

@@ -112,6 +112,9 @@ func ValidateCreate(req CreateRequest) (CreateRequest, error) {
 	if err := CheckEnv(req.Env); err != nil {
 		return req, err
 	}
+	if err := checkVolumeMounts(req.Volumes); err != nil {
+		return req, err
+	}
 	if err := checkMetadata(req.Metadata); err != nil {
 		return req, err
 	}

@@ -8,6 +8,8 @@
 //	layer/upper/ layer/work/  the box's writable overlay layer; with a
 //	                 disk limit, layer/ is the mount of disk.ext4
 //	disk.ext4        sparse file of Config.DiskMB holding the layer
+//	volumes/NAME/    the mount of each volume the box holds, bind-mounted
+//	                 at the volume's path in the box
 //	bundle/          config.json and rootfs/ (the overlay mount)
 //	run/             bind-mounted at /run/cubicle; the agent's socket lives here
 //	console.log      the container's stdout and stderr (and the runtime's)
@@ -287,7 +289,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 			return nil, fmt.Errorf("create %s: network files: %w", spec.ID, err)
 		}
 	}
-	cfg, err := json.MarshalIndent(ociSpec(spec, rootfs, runDir, d.cfg.AgentBinary, !d.isRunsc()), "", "  ")
+	if err := mountVolumes(ctx, dir, spec.Image, rootfs, spec.Volumes); err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	sp := ociSpec(spec, rootfs, runDir, d.cfg.AgentBinary, !d.isRunsc())
+	sp.Mounts = append(sp.Mounts, volumeMounts(dir, spec.Volumes)...)
+	cfg, err := json.MarshalIndent(sp, "", "  ")
 	if err != nil {
 		return nil, err
 	}
