@@ -18,7 +18,10 @@ const (
 	CodeConflict        = "conflict"
 	// CodeNoDesktop answers a desktop call (screenshot, actions, live view)
 	// of a headless sandbox (Sandbox.Desktop false; see IsNoDesktop).
-	CodeNoDesktop         = "no_desktop"
+	CodeNoDesktop = "no_desktop"
+	// CodeNotSupported answers what the sandbox's backend cannot do
+	// (volumes on a backend without them, for one).
+	CodeNotSupported      = "not_supported"
 	CodePayloadTooLarge   = "payload_too_large"
 	CodeCapacityExhausted = "capacity_exhausted"
 	CodeRateLimited       = "rate_limited"

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // TestSDKAgainstRealAPI drives every method of the Go SDK against the
@@ -501,6 +502,48 @@ func TestSDKAgainstRealAPI(t *testing.T) {
 			if !tt.is(tt.err) || client.ErrorCode(tt.err) != tt.code {
 				t.Errorf("%s: %v, want %s", tt.name, tt.err, tt.code)
 			}
+		}
+	})
+
+	t.Run("Volumes", func(t *testing.T) {
+		needs.Command(t, "mkfs.ext4")
+		v, err := c.CreateVolume(ctx, "sdk-vol", 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.Name != "sdk-vol" || v.SizeMB != 64 || v.CreatedAt.IsZero() || v.AttachedTo != "" {
+			t.Errorf("CreateVolume = %+v", v)
+		}
+		if _, err := c.CreateVolume(ctx, "sdk-vol", 64); !client.IsConflict(err) {
+			t.Errorf("CreateVolume of a name in use: %v, want conflict", err)
+		}
+		if _, err := c.CreateVolume(ctx, "Bad Name", 64); !client.IsInvalidArgument(err) {
+			t.Errorf("CreateVolume of a bad name: %v, want invalid_argument", err)
+		}
+		list, err := c.ListVolumes(ctx)
+		if err != nil || len(list) != 1 || list[0].Name != "sdk-vol" {
+			t.Errorf("ListVolumes = %+v, %v", list, err)
+		}
+		if got, err := c.GetVolume(ctx, "sdk-vol"); err != nil || got != v {
+			t.Errorf("GetVolume = %+v, %v; want %+v", got, err, v)
+		}
+		// The stack's backend cannot attach volumes: refused, and the
+		// volume stays free.
+		_, err = c.Create(ctx, client.CreateRequest{Volumes: []client.VolumeMount{{Name: "sdk-vol", Path: "/data"}}})
+		if client.ErrorCode(err) != client.CodeNotSupported {
+			t.Errorf("Create with a volume on a backend without volumes: %v, want not_supported", err)
+		}
+		if got, _ := c.GetVolume(ctx, "sdk-vol"); got.AttachedTo != "" {
+			t.Errorf("a refused create left the volume attached to %s", got.AttachedTo)
+		}
+		if err := c.DeleteVolume(ctx, "sdk-vol"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.GetVolume(ctx, "sdk-vol"); !client.IsNotFound(err) {
+			t.Errorf("GetVolume after DeleteVolume: %v, want not_found", err)
+		}
+		if err := c.DeleteVolume(ctx, "sdk-vol"); !client.IsNotFound(err) {
+			t.Errorf("a second DeleteVolume: %v, want not_found", err)
 		}
 	})
 

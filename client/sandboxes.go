@@ -111,6 +111,16 @@ type CreateRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *Network          `json:"network,omitempty"`
+	// Volumes are attached read-write for the sandbox's life (gvisor and
+	// runc). Each must be this key's and free: a volume another sandbox
+	// holds yields an error for which IsConflict is true.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+}
+
+// VolumeMount attaches the volume Name at Path (absolute) in a sandbox.
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // Sandbox is the daemon's view of one sandbox.
@@ -128,6 +138,8 @@ type Sandbox struct {
 	LastActiveAt time.Time         `json:"last_active_at"`
 	Metadata     map[string]string `json:"metadata"`
 	IP           string            `json:"ip,omitempty"`
+	// Volumes are the volumes the sandbox holds.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// Desktop is false for a headless sandbox: its image has no X server,
 	// so screenshots, input and the live view answer CodeNoDesktop (see
 	// IsNoDesktop); commands and files work. It is nil until the sandbox

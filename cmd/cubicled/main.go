@@ -77,6 +77,8 @@ func run() error {
 		defaultBackend = fs.String("default-backend", "auto", "auto, firecracker, qemu, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
 		maxSandboxes   = fs.Int("max-sandboxes", 16, "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
 		keyMax         = fs.Int("key-max-sandboxes", 0, "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
+		keyVolumes     = fs.Int("key-max-volumes", sandbox.DefaultMaxVolumesPerOwner, "volumes one API key may have (CUBICLE_KEY_MAX_VOLUMES)")
+		maxVolumeMB    = fs.Int("max-volume-mb", sandbox.DefaultMaxVolumeMB, "largest volume, in MiB; a volume's file is sparse and takes host disk only as sandboxes write (CUBICLE_MAX_VOLUME_MB)")
 		keyRate        = fs.Float64("key-create-rate", 0, "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
 		maxInFlight    = fs.Int("sandbox-max-requests", api.DefaultMaxInFlight, "requests to one sandbox in progress at once (screenshots, actions, commands, file transfers, live views, E2B data plane); 429 beyond; 0 = no bound (CUBICLE_SANDBOX_MAX_REQUESTS)")
 		diskMB         = fs.Int("disk-mb", 4096, "what one gvisor or runc sandbox may write to its root filesystem, in MiB: its writable layer is a sparse ext4 file of this size; 0 = unbounded (CUBICLE_DISK_MB)")
@@ -117,6 +119,12 @@ func run() error {
 	inFlight := inflight.New(*maxInFlight)
 	if *diskMB < 0 {
 		return fmt.Errorf("%s: want a size in MiB, or 0 for no limit", conf.origin("disk-mb"))
+	}
+	if *keyVolumes < 1 {
+		return fmt.Errorf("%s: want at least 1", conf.origin("key-max-volumes"))
+	}
+	if *maxVolumeMB < sandbox.MinVolumeMB {
+		return fmt.Errorf("%s: want at least %d MiB", conf.origin("max-volume-mb"), sandbox.MinVolumeMB)
 	}
 	lifetime := *maxLifetime
 	if lifetime == 0 {
@@ -165,8 +173,10 @@ func run() error {
 			}
 			return img.RootFS, nil
 		},
-		MaxSandboxes: *maxSandboxes,
-		MaxPerOwner:  *keyMax,
+		MaxSandboxes:       *maxSandboxes,
+		MaxPerOwner:        *keyMax,
+		MaxVolumesPerOwner: *keyVolumes,
+		MaxVolumeMB:        *maxVolumeMB,
 		// Per key: the rate, with bursts of twice it (at least one create).
 		OwnerCreateRate:  rate.Limit(*keyRate),
 		OwnerCreateBurst: max(1, int(2**keyRate)),

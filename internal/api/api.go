@@ -48,6 +48,14 @@ type Manager interface {
 	DefaultBackend() string
 	// Capacity reports the sandbox capacity.
 	Capacity() sandbox.Capacity
+
+	// CreateVolume, ListVolumes, GetVolume and DeleteVolume manage the
+	// volumes of owner (sandbox.KeyOwner of the request's key); another
+	// key's volumes are not found.
+	CreateVolume(ctx context.Context, owner, name string, sizeMB int) (sandbox.Volume, error)
+	ListVolumes(ctx context.Context, owner string) []sandbox.Volume
+	GetVolume(ctx context.Context, owner, name string) (sandbox.Volume, error)
+	DeleteVolume(ctx context.Context, owner, name string) error
 }
 
 // Defaults of Config.
@@ -211,6 +219,11 @@ func (s *server) routes() []route {
 		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox},
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
+
+		{pattern: "POST /v1/volumes", handler: s.createVolume},
+		{pattern: "GET /v1/volumes", handler: s.listVolumes},
+		{pattern: "GET /v1/volumes/{name}", handler: s.getVolume},
+		{pattern: "DELETE /v1/volumes/{name}", handler: s.deleteVolume},
 
 		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot, agent: true},
 		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions, agent: true},

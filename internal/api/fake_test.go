@@ -52,6 +52,11 @@ type fakeManager struct {
 	ending     map[string]chan struct{}
 	touched    int // Touch calls
 	agentCalls int // Agent calls (each one is activity)
+	volumes    map[string]sandbox.Volume // by owner + "/" + name
+	lastVolume struct {
+		owner, name string
+		sizeMB      int
+	}
 }
 
 func newFakeManager() *fakeManager {
@@ -179,6 +184,62 @@ func (m *fakeManager) Backends(context.Context) []sandbox.BackendInfo {
 func (m *fakeManager) DefaultBackend() string { return "runc" }
 func (m *fakeManager) Capacity() sandbox.Capacity {
 	return sandbox.Capacity{MaxSandboxes: 10, Running: 1}
+}
+
+// The fake's volumes keep only what the API layer shows: the manager's
+// own rules (names, sizes, quotas, attachment) are sandbox's tests'.
+func (m *fakeManager) CreateVolume(_ context.Context, owner, name string, sizeMB int) (sandbox.Volume, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lastVolume.owner, m.lastVolume.name, m.lastVolume.sizeMB = owner, name, sizeMB
+	if m.err != nil {
+		return sandbox.Volume{}, m.err
+	}
+	if m.volumes == nil {
+		m.volumes = map[string]sandbox.Volume{}
+	}
+	if _, ok := m.volumes[owner+"/"+name]; ok {
+		return sandbox.Volume{}, errdefs.Conflict("volume %s already exists", name)
+	}
+	v := sandbox.Volume{Name: name, SizeMB: sizeMB, CreatedAt: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
+	m.volumes[owner+"/"+name] = v
+	return v, nil
+}
+
+func (m *fakeManager) ListVolumes(_ context.Context, owner string) []sandbox.Volume {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []sandbox.Volume
+	for k, v := range m.volumes {
+		if strings.HasPrefix(k, owner+"/") {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func (m *fakeManager) GetVolume(_ context.Context, owner, name string) (sandbox.Volume, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.volumes[owner+"/"+name]
+	if !ok {
+		return sandbox.Volume{}, errdefs.NotFound("volume %s not found", name)
+	}
+	return v, nil
+}
+
+func (m *fakeManager) DeleteVolume(_ context.Context, owner, name string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v, ok := m.volumes[owner+"/"+name]
+	switch {
+	case !ok:
+		return errdefs.NotFound("volume %s not found", name)
+	case v.AttachedTo != "":
+		return errdefs.Conflict("volume %s is attached to sandbox %s", name, v.AttachedTo)
+	}
+	delete(m.volumes, owner+"/"+name)
+	return nil
 }
 
 // fakeAgent is an in-sandbox agent: real Connect handlers over test

@@ -34,6 +34,13 @@ type createRequest struct {
 	Env                map[string]string   `json:"env"`
 	Metadata           map[string]string   `json:"metadata"`
 	Network            *networkSpec        `json:"network"`
+	Volumes            []volumeMount       `json:"volumes"`
+}
+
+// volumeMount is the wire form of one entry of "volumes".
+type volumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // networkSpec is the wire form of "network".
@@ -106,6 +113,9 @@ func parseCreateRequest(body []byte) (sandbox.CreateRequest, error) {
 	}
 	if in.Network != nil {
 		out.Network = sandbox.Network{Egress: in.Network.Egress.mode, Allow: in.Network.Egress.allow}
+	}
+	for _, v := range in.Volumes {
+		out.Volumes = append(out.Volumes, sandbox.VolumeMount(v))
 	}
 	out, err := sandbox.ValidateCreate(out)
 	if err != nil {

@@ -185,10 +185,12 @@ func routes(t *testing.T) (native []api.RouteInfo, e2bRoutes []e2b.Route) {
 	return native, e2bRoutes
 }
 
-// concrete fills a pattern's {id} with a real sandbox.
+// concrete fills a pattern's {id} with a real sandbox, and its {name}
+// with a volume that does not exist.
 func concrete(pattern, id string) (method, path string) {
 	method, path, _ = strings.Cut(pattern, " ")
 	path = strings.ReplaceAll(path, "{$}", "")
+	path = strings.ReplaceAll(path, "{name}", "no-such-volume")
 	return method, strings.ReplaceAll(path, "{id}", id)
 }
 
