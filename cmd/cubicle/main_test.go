@@ -74,6 +74,12 @@ func newDaemon(t *testing.T) *daemon {
 		_, _ = io.WriteString(w, "file contents")
 	})
 	mux.HandleFunc("POST /v1/sandboxes/abc123/view", jsonAnswer(200, `{"url":"http://h/view/abc123?token=t","expires_at":"2030-01-01T12:10:00Z"}`))
+	volJSON := `{"name":"profile","size_mb":1024,"created_at":"2030-01-01T10:00:00Z","attached_to":"abc123"}`
+	mux.HandleFunc("POST /v1/volumes", jsonAnswer(201, volJSON))
+	mux.HandleFunc("GET /v1/volumes", jsonAnswer(200, `{"volumes":[`+volJSON+`]}`))
+	mux.HandleFunc("GET /v1/volumes/profile", jsonAnswer(200, volJSON))
+	mux.HandleFunc("DELETE /v1/volumes/profile", jsonAnswer(409, `{"error":{"code":"conflict","message":"volume profile is attached to sandbox abc123"}}`))
+	mux.HandleFunc("DELETE /v1/volumes/old", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
 	mux.HandleFunc("GET /v1/info", jsonAnswer(200, `{"version":"v1.2.3","default_backend":"gvisor","backends":[{"name":"gvisor","available":true,"isolation":"gvisor"}],"capacity":{"max_sandboxes":8,"running":1}}`))
 	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -428,5 +434,44 @@ func TestImageCommands(t *testing.T) {
 	}
 	if n := len(d.reqs); n != 0 {
 		t.Errorf("image commands made %d daemon requests", n)
+	}
+}
+
+func TestVolumeCommands(t *testing.T) {
+	d := newDaemon(t)
+	r, _ := runCLI(t, d, nil, "", "volume", "create", "profile", "1024")
+	if r.code != 0 || r.stdout != "profile\n" {
+		t.Fatalf("create: %+v", r)
+	}
+	if req := d.last(t); req.Method != "POST" || req.Path != "/v1/volumes" {
+		t.Errorf("create sent %+v", req)
+	} else {
+		jsonEq(t, req.Body, `{"name":"profile","size_mb":1024}`)
+	}
+	if r, _ := runCLI(t, d, nil, "", "volume", "create", "profile", "big"); r.code != 2 {
+		t.Errorf("create with a bad size: %+v", r)
+	}
+	r, _ = runCLI(t, d, nil, "", "volume", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "NAME") || !strings.Contains(r.stdout, "profile  1024 MiB  2h") || !strings.Contains(r.stdout, "abc123") {
+		t.Errorf("ls: %+v", r)
+	}
+	r, _ = runCLI(t, d, nil, "", "volume", "get", "profile", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"attached_to": "abc123"`) {
+		t.Errorf("get --json: %+v", r)
+	}
+	r, _ = runCLI(t, d, nil, "", "volume", "rm", "old", "profile")
+	if r.code != 1 || r.stdout != "old\n" || !strings.Contains(r.stderr, "profile: ") || !strings.Contains(r.stderr, "attached to sandbox abc123") {
+		t.Errorf("rm of a free and an attached volume: %+v", r)
+	}
+
+	r, _ = runCLI(t, d, nil, "", "create", "--volume", "profile:/home/user", "--volume", "data:/data")
+	if r.code != 0 {
+		t.Fatalf("create --volume: %+v", r)
+	}
+	jsonEq(t, d.last(t).Body, `{"volumes":[{"name":"profile","path":"/home/user"},{"name":"data","path":"/data"}]}`)
+	for _, bad := range []string{"profile", "profile:home", ":/x"} {
+		if r, _ := runCLI(t, d, nil, "", "create", "--volume", bad); r.code != 2 || !strings.Contains(r.stderr, "--volume") {
+			t.Errorf("--volume %s: %+v", bad, r)
+		}
 	}
 }

@@ -102,6 +102,9 @@ func printSandbox(w io.Writer, s client.Sandbox) {
 	if s.IP != "" {
 		line("ip", s.IP)
 	}
+	for _, v := range s.Volumes {
+		line("volume", v.Name+" at "+v.Path)
+	}
 	line("created", timeAndRel(s.CreatedAt, age(s.CreatedAt)+" ago"))
 	line("expires", timeAndRel(s.ExpiresAt, "in "+expiresIn(s.ExpiresAt)))
 	line("last active", timeAndRel(s.LastActiveAt, age(s.LastActiveAt)+" ago"))

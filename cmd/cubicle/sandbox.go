@@ -18,6 +18,7 @@ func createCmd(a *app) *cobra.Command {
 		width, height  int
 		lifetime, idle secondsValue
 		env, meta      []string
+		volumes        []string
 		egress         string
 		noWait         bool
 	)
@@ -44,6 +45,9 @@ screenshot; --no-wait returns at once with the sandbox starting.`,
 			}
 			if req.Network, err = parseEgress(egress); err != nil {
 				return usagef("--egress: %v", err)
+			}
+			if req.Volumes, err = parseVolumes(volumes); err != nil {
+				return usagef("--volume %v", err)
 			}
 			var opts []client.CreateOption
 			if noWait {
@@ -75,6 +79,7 @@ screenshot; --no-wait returns at once with the sandbox starting.`,
 	f.StringArrayVar(&env, "env", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVar(&meta, "metadata", nil, "metadata k=v (repeatable)")
 	f.StringVar(&egress, "egress", "", "network egress: none, all, or CIDR[,CIDR...]")
+	f.StringArrayVar(&volumes, "volume", nil, "attach volume NAME at PATH: NAME:/PATH (repeatable; see cubicle volume)")
 	f.BoolVar(&noWait, "no-wait", false, "return at once, while the sandbox is still starting")
 	return cmd
 }
