@@ -204,5 +204,8 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 		}
 	}
 	errs = append(errs, srv.Shutdown(ctx))
+	// What the programs wrote is on its way to disk, and to a volume the
+	// sandbox holds, before the box is taken down.
+	syscall.Sync()
 	return errors.Join(append([]error{err}, errs...)...)
 }

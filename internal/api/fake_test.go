@@ -50,8 +50,8 @@ type fakeManager struct {
 	lastFilter sandbox.Filter
 	lastTO     int
 	ending     map[string]chan struct{}
-	touched    int // Touch calls
-	agentCalls int // Agent calls (each one is activity)
+	touched    int                       // Touch calls
+	agentCalls int                       // Agent calls (each one is activity)
 	volumes    map[string]sandbox.Volume // by owner + "/" + name
 	lastVolume struct {
 		owner, name string

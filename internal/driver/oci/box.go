@@ -26,6 +26,10 @@ type boxData struct {
 	Pid     int    `json:"pid"`   // host pid of the container (runc: init; runsc: sandbox)
 	Dir     string `json:"dir"`   // STATEDIR/ID
 	Image   string `json:"image"` // lower layer of the rootfs overlay
+	// Volumes names the volumes the box holds: its Stop ends the box's
+	// programs gracefully first, so that what they still hold in memory
+	// (a browser's cookies) reaches the volume.
+	Volumes []string `json:"volumes,omitempty"`
 }
 
 // box is one running container. It implements driver.Box.
@@ -126,6 +130,9 @@ func (b *box) Stop(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
 	var errs []error
+	if len(b.data.Volumes) > 0 && !isClosed(b.dead) {
+		b.stopGracefully(ctx)
+	}
 	if err := b.d.deleteContainer(ctx, b.data.ID); err != nil {
 		errs = append(errs, err)
 	}
@@ -148,6 +155,34 @@ func (b *box) Stop(ctx context.Context) error {
 	}
 	b.stopped = true
 	return nil
+}
+
+// gracePeriod bounds a graceful stop: the agent gives the session's
+// programs 5 s after SIGTERM, and then syncs.
+const gracePeriod = 10 * time.Second
+
+// stopGracefully sends the agent SIGTERM, which ends the desktop session
+// and every command the way a shutdown does (SIGTERM, then SIGKILL after
+// a grace period) and syncs, and waits for the box to exit, up to
+// gracePeriod. What follows kills whatever is left.
+func (b *box) stopGracefully(ctx context.Context) {
+	if _, err := b.d.output(ctx, "kill", b.data.ID, "TERM"); err != nil {
+		return
+	}
+	select {
+	case <-b.dead:
+	case <-time.After(gracePeriod):
+	case <-ctx.Done():
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // Adopt re-attaches to a box from its State. When the runtime says the

@@ -335,7 +335,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
-	b := newBox(d, boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image})
+	data := boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image}
+	for _, v := range spec.Volumes {
+		data.Volumes = append(data.Volumes, v.Name)
+	}
+	b := newBox(d, data)
 	cu.Add(func() { b.stopWatch() })
 	if err := b.waitAgent(ctx); err != nil {
 		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, hostfile.Tail(filepath.Join(dir, "console.log"), 20))

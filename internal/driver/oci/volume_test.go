@@ -41,8 +41,9 @@ func loopsOf(file string) string {
 // the image's directory (contents and owner), what a box writes there is
 // on the volume after the box is gone and is found by the next box, the
 // volume is not filled again over what a box changed, a second box
-// cannot mount it while the first holds it, and stopping a box leaves no
-// mount or loop device of it.
+// cannot mount it while the first holds it, stopping a box asks its agent
+// to shut down (SIGTERM) before killing it, and leaves no mount or loop
+// device of it.
 func TestVolume(t *testing.T) {
 	for _, rt := range runtimes {
 		t.Run(rt, func(t *testing.T) {
@@ -52,7 +53,8 @@ func TestVolume(t *testing.T) {
 			defer cancel()
 			vol := []driver.Volume{{Name: "profile", File: file, Path: "/home/user"}}
 			spec := func(id string) driver.Spec {
-				return driver.Spec{ID: id, Shape: driver.Shape{Image: image, Volumes: vol}, Session: driver.Session{Token: "x"}}
+				return driver.Spec{ID: id, Shape: driver.Shape{Image: image, Volumes: vol},
+					Session: driver.Session{Token: "x", Env: map[string]string{"TESTAGENT_ON_TERM": "/home/user/term.txt"}}}
 			}
 			want, err := os.Stat(filepath.Join(image, "home/user"))
 			if err != nil {
@@ -96,9 +98,9 @@ func TestVolume(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b3.Stop(context.Background())
-			out = postExec(t, b3, `cat /home/user/keep.txt; test -e /home/user/.bashrc && echo refilled || echo not-refilled`)
-			if out != "kept across boxes\nnot-refilled\n" {
-				t.Errorf("the next box sees %q; want the file the first wrote, and .bashrc still removed", out)
+			out = postExec(t, b3, `cat /home/user/keep.txt; test -e /home/user/.bashrc && echo refilled || echo not-refilled; cat /home/user/term.txt`)
+			if out != "kept across boxes\nnot-refilled\nterminated" {
+				t.Errorf("the next box sees %q; want the file the first wrote, .bashrc still removed, and the first box's agent told to stop before it was killed", out)
 			}
 		})
 	}

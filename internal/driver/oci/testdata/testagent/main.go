@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
+	"syscall"
 	"time"
 )
 
@@ -22,6 +24,19 @@ func main() {
 		fmt.Fprintln(os.Stderr, "testagent: exiting as asked")
 		os.Exit(3)
 	}
+	// Like the real agent, SIGTERM is a shutdown: it writes "terminated"
+	// to TESTAGENT_ON_TERM (when set) and exits, so a test can see that
+	// a box was asked to stop before it was killed.
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM)
+	go func() {
+		<-terms
+		if p := os.Getenv("TESTAGENT_ON_TERM"); p != "" {
+			_ = os.WriteFile(p, []byte("terminated"), 0o644)
+			syscall.Sync()
+		}
+		os.Exit(0)
+	}()
 	os.Remove(*listen)
 	l, err := net.Listen("unix", *listen)
 	if err != nil {
