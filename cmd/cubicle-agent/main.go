@@ -181,11 +181,32 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 		}
 	}
 
+	// A shutdown is asked for by a signal or by the daemon's Shutdown
+	// RPC, which is answered once the programs have ended and the
+	// filesystems are synced, before the server itself stops.
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	asked := make(chan chan error)
+	desk.SetShutdown(func(ctx context.Context) error {
+		done := make(chan error, 1)
+		select {
+		case asked <- done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	var answer chan error
 	select {
 	case sig := <-sigs:
 		log.Info("shutting down", "signal", sig.String())
+	case answer = <-asked:
+		log.Info("shutting down", "asked", "Shutdown")
 	case err = <-serveErr:
 		log.Error("serve", "err", err)
 	}
@@ -203,9 +224,12 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 			errs = append(errs, fmt.Errorf("shut down xdotool type wrapper: %w", serr))
 		}
 	}
-	errs = append(errs, srv.Shutdown(ctx))
 	// What the programs wrote is on its way to disk, and to a volume the
 	// sandbox holds, before the box is taken down.
 	syscall.Sync()
+	if answer != nil {
+		answer <- errors.Join(errs...)
+	}
+	errs = append(errs, srv.Shutdown(ctx))
 	return errors.Join(append([]error{err}, errs...)...)
 }

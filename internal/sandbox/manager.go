@@ -788,6 +788,9 @@ func (m *Manager) teardown(e *entry, reason string) {
 		}
 		<-e.started // a start in progress sees the state change and cleans up itself
 		var err error
+		if e.client != nil && len(e.rec.Request.Volumes) > 0 && !isClosed(e.box.Wait()) {
+			m.shutdownGracefully(e)
+		}
 		if e.client != nil {
 			e.client.Close()
 		}
@@ -829,6 +832,31 @@ func (m *Manager) teardown(e *entry, reason string) {
 		}
 	})
 	<-e.stopped
+}
+
+// shutdownGrace bounds the agent's Shutdown: the session's programs get
+// 5 s after SIGTERM, then the filesystems are synced.
+const shutdownGrace = 15 * time.Second
+
+// shutdownGracefully asks the agent of a sandbox that holds volumes to
+// end its programs as a shutdown does and sync, before the box is
+// stopped: killed at once, a browser would lose the cookies it had not
+// written yet, and the volume the login it was meant to keep. A failure
+// is logged; the stop goes on.
+func (m *Manager) shutdownGracefully(e *entry) {
+	ctx, cancel := context.WithTimeout(m.ctx, shutdownGrace)
+	defer cancel()
+	t0 := time.Now()
+	resp, err := e.client.Desktop.Shutdown(ctx, connect.NewRequest(&desktoppb.ShutdownRequest{}))
+	log := m.log.With("sandbox", e.rec.Sandbox.ID)
+	switch {
+	case err != nil:
+		log.Warn("graceful shutdown before stop", "err", err)
+	case resp.Msg.Error != "":
+		log.Warn("graceful shutdown before stop", "err", resp.Msg.Error)
+	default:
+		log.Debug("programs ended and synced before stop", "ms", time.Since(t0).Milliseconds())
+	}
 }
 
 // persist writes a copy of e's record taken under the lock.

@@ -47,6 +47,12 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 type readyAgent struct {
 	desktopconnect.UnimplementedDesktopHandler
+	shutdowns *atomic.Int32 // Shutdown calls
+}
+
+func (a readyAgent) Shutdown(context.Context, *connect.Request[desktoppb.ShutdownRequest]) (*connect.Response[desktoppb.ShutdownResponse], error) {
+	a.shutdowns.Add(1)
+	return connect.NewResponse(&desktoppb.ShutdownResponse{}), nil
 }
 
 func (readyAgent) Info(context.Context, *connect.Request[desktoppb.InfoRequest]) (*connect.Response[desktoppb.InfoResponse], error) {
@@ -72,6 +78,7 @@ type fakeDriver struct {
 	// unmount that is busy for a while would.
 	stopFails int
 	noVolumes bool // the backend cannot attach volumes
+	shutdowns atomic.Int32
 
 	specs map[string]driver.Spec // what each Create was given, by ID
 
@@ -111,7 +118,7 @@ func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, 
 	case d.headless:
 		mux.Handle(desktopconnect.NewDesktopHandler(headlessAgent{}))
 	default:
-		mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{}))
+		mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{shutdowns: &d.shutdowns}))
 	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)

@@ -140,9 +140,23 @@ func TestVolumes(t *testing.T) {
 		t.Errorf("a failed create left the volume attached to %s", v.AttachedTo)
 	}
 
-	// Destroy frees it; a new sandbox takes it.
+	// Destroy ends the programs gracefully first (what a browser holds
+	// reaches the volume), and frees the volume; a new sandbox takes it.
+	plain, err := m.Create(ctx, CreateRequest{Owner: alice}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Destroy(ctx, plain.ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := d.shutdowns.Load(); n != 0 {
+		t.Errorf("destroying a sandbox without volumes asked its agent to shut down (%d)", n)
+	}
 	if err := m.Destroy(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	if n := d.shutdowns.Load(); n != 1 {
+		t.Errorf("destroying a sandbox with a volume: %d graceful shutdowns, want 1", n)
 	}
 	if v, _ := m.GetVolume(ctx, alice, "profile"); v.AttachedTo != "" {
 		t.Errorf("after destroy, attached to %s", v.AttachedTo)

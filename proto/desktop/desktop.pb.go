@@ -873,6 +873,88 @@ func (x *ActResponse) GetErrorCode() string {
 	return ""
 }
 
+type ShutdownRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShutdownRequest) Reset() {
+	*x = ShutdownRequest{}
+	mi := &file_desktop_desktop_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShutdownRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShutdownRequest) ProtoMessage() {}
+
+func (x *ShutdownRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_desktop_desktop_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShutdownRequest.ProtoReflect.Descriptor instead.
+func (*ShutdownRequest) Descriptor() ([]byte, []int) {
+	return file_desktop_desktop_proto_rawDescGZIP(), []int{11}
+}
+
+type ShutdownResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What could not be stopped cleanly, if anything (the agent exits all
+	// the same).
+	Error         string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShutdownResponse) Reset() {
+	*x = ShutdownResponse{}
+	mi := &file_desktop_desktop_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShutdownResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShutdownResponse) ProtoMessage() {}
+
+func (x *ShutdownResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_desktop_desktop_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShutdownResponse.ProtoReflect.Descriptor instead.
+func (*ShutdownResponse) Descriptor() ([]byte, []int) {
+	return file_desktop_desktop_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ShutdownResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 var File_desktop_desktop_proto protoreflect.FileDescriptor
 
 const file_desktop_desktop_proto_rawDesc = "" +
@@ -955,12 +1037,16 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"\ffailed_index\x18\x02 \x01(\x05R\vfailedIndex\x12\x14\n" +
 	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1d\n" +
 	"\n" +
-	"error_code\x18\x04 \x01(\tR\terrorCode2\xb7\x01\n" +
+	"error_code\x18\x04 \x01(\tR\terrorCode\"\x11\n" +
+	"\x0fShutdownRequest\"(\n" +
+	"\x10ShutdownResponse\x12\x14\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error2\xf8\x01\n" +
 	"\aDesktop\x123\n" +
 	"\x04Info\x12\x14.desktop.InfoRequest\x1a\x15.desktop.InfoResponse\x12E\n" +
 	"\n" +
 	"Screenshot\x12\x1a.desktop.ScreenshotRequest\x1a\x1b.desktop.ScreenshotResponse\x120\n" +
-	"\x03Act\x12\x13.desktop.ActRequest\x1a\x14.desktop.ActResponseB6Z4github.com/cubicle-dev/cubicle/proto/desktop;desktopb\x06proto3"
+	"\x03Act\x12\x13.desktop.ActRequest\x1a\x14.desktop.ActResponse\x12?\n" +
+	"\bShutdown\x12\x18.desktop.ShutdownRequest\x1a\x19.desktop.ShutdownResponseB6Z4github.com/cubicle-dev/cubicle/proto/desktop;desktopb\x06proto3"
 
 var (
 	file_desktop_desktop_proto_rawDescOnce sync.Once
@@ -974,7 +1060,7 @@ func file_desktop_desktop_proto_rawDescGZIP() []byte {
 	return file_desktop_desktop_proto_rawDescData
 }
 
-var file_desktop_desktop_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_desktop_desktop_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_desktop_desktop_proto_goTypes = []any{
 	(*InfoRequest)(nil),        // 0: desktop.InfoRequest
 	(*InfoResponse)(nil),       // 1: desktop.InfoResponse
@@ -987,6 +1073,8 @@ var file_desktop_desktop_proto_goTypes = []any{
 	(*ActionResult)(nil),       // 8: desktop.ActionResult
 	(*ActRequest)(nil),         // 9: desktop.ActRequest
 	(*ActResponse)(nil),        // 10: desktop.ActResponse
+	(*ShutdownRequest)(nil),    // 11: desktop.ShutdownRequest
+	(*ShutdownResponse)(nil),   // 12: desktop.ShutdownResponse
 }
 var file_desktop_desktop_proto_depIdxs = []int32{
 	2,  // 0: desktop.ScreenshotRequest.region:type_name -> desktop.Region
@@ -999,11 +1087,13 @@ var file_desktop_desktop_proto_depIdxs = []int32{
 	0,  // 7: desktop.Desktop.Info:input_type -> desktop.InfoRequest
 	3,  // 8: desktop.Desktop.Screenshot:input_type -> desktop.ScreenshotRequest
 	9,  // 9: desktop.Desktop.Act:input_type -> desktop.ActRequest
-	1,  // 10: desktop.Desktop.Info:output_type -> desktop.InfoResponse
-	4,  // 11: desktop.Desktop.Screenshot:output_type -> desktop.ScreenshotResponse
-	10, // 12: desktop.Desktop.Act:output_type -> desktop.ActResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
+	11, // 10: desktop.Desktop.Shutdown:input_type -> desktop.ShutdownRequest
+	1,  // 11: desktop.Desktop.Info:output_type -> desktop.InfoResponse
+	4,  // 12: desktop.Desktop.Screenshot:output_type -> desktop.ScreenshotResponse
+	10, // 13: desktop.Desktop.Act:output_type -> desktop.ActResponse
+	12, // 14: desktop.Desktop.Shutdown:output_type -> desktop.ShutdownResponse
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1022,7 +1112,7 @@ func file_desktop_desktop_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_desktop_desktop_proto_rawDesc), len(file_desktop_desktop_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,31 @@ type Service struct {
 	mu       sync.RWMutex
 	d        *Desktop
 	headless bool
+	shutdown func(context.Context) error
+}
+
+// SetShutdown gives the service what Shutdown runs: the agent's own
+// shutdown, which ends the programs and syncs, and exits after the answer.
+func (s *Service) SetShutdown(f func(context.Context) error) {
+	s.mu.Lock()
+	s.shutdown = f
+	s.mu.Unlock()
+}
+
+// Shutdown runs the agent's shutdown (SetShutdown) and answers once the
+// programs have ended and the filesystems are synced.
+func (s *Service) Shutdown(ctx context.Context, _ *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error) {
+	s.mu.RLock()
+	f := s.shutdown
+	s.mu.RUnlock()
+	if f == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this agent cannot shut down on request"))
+	}
+	resp := &desktop.ShutdownResponse{}
+	if err := f(ctx); err != nil {
+		resp.Error = err.Error()
+	}
+	return connect.NewResponse(resp), nil
 }
 
 var _ desktopconnect.DesktopHandler = (*Service)(nil)

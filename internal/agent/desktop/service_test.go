@@ -2,6 +2,7 @@ package desktop
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -167,5 +168,34 @@ func TestServiceDisplayGone(t *testing.T) {
 	resp, err := client.Act(ctx, connect.NewRequest(&desktop.ActRequest{Actions: []*desktop.Action{action.ToProto(action.Action{Type: "click", X: ip(5), Y: ip(5)})}}))
 	if err != nil || resp.Msg.ErrorCode != CodeUnavailable {
 		t.Errorf("click with the X server gone: %v %v, want error_code unavailable", resp, err)
+	}
+}
+
+// TestShutdown checks that Shutdown runs the agent's shutdown and says
+// what it could not stop, and is refused by a service given none.
+func TestShutdown(t *testing.T) {
+	s := NewService("v", ":0")
+	c := serve(t, s)
+	ctx := context.Background()
+	if _, err := c.Shutdown(ctx, connect.NewRequest(&desktop.ShutdownRequest{})); connect.CodeOf(err) != connect.CodeUnimplemented {
+		t.Errorf("Shutdown without a shutdown: %v, want unimplemented", err)
+	}
+	calls := 0
+	fail := false
+	s.SetShutdown(func(context.Context) error {
+		calls++
+		if fail {
+			return errors.New("chromium did not exit")
+		}
+		return nil
+	})
+	resp, err := c.Shutdown(ctx, connect.NewRequest(&desktop.ShutdownRequest{}))
+	if err != nil || resp.Msg.Error != "" || calls != 1 {
+		t.Errorf("Shutdown = %v, %v after %d calls; want a clean answer after 1", resp, err, calls)
+	}
+	fail = true
+	resp, err = c.Shutdown(ctx, connect.NewRequest(&desktop.ShutdownRequest{}))
+	if err != nil || resp.Msg.Error != "chromium did not exit" {
+		t.Errorf("a failed shutdown = %v, %v; want its error in the answer", resp, err)
 	}
 }

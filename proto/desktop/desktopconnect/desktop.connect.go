@@ -42,6 +42,8 @@ const (
 	DesktopScreenshotProcedure = "/desktop.Desktop/Screenshot"
 	// DesktopActProcedure is the fully-qualified name of the Desktop's Act RPC.
 	DesktopActProcedure = "/desktop.Desktop/Act"
+	// DesktopShutdownProcedure is the fully-qualified name of the Desktop's Shutdown RPC.
+	DesktopShutdownProcedure = "/desktop.Desktop/Shutdown"
 )
 
 // DesktopClient is a client for the desktop.Desktop service.
@@ -52,6 +54,13 @@ type DesktopClient interface {
 	Screenshot(context.Context, *connect.Request[desktop.ScreenshotRequest]) (*connect.Response[desktop.ScreenshotResponse], error)
 	// Act runs actions in order and stops at the first failure.
 	Act(context.Context, *connect.Request[desktop.ActRequest]) (*connect.Response[desktop.ActResponse], error)
+	// Shutdown ends the sandbox's programs the way a shutdown does (the
+	// desktop session, then every command: SIGTERM, SIGKILL after a grace
+	// period), syncs the filesystems and answers; the agent exits after the
+	// answer, and the box with it. The daemon calls it before it stops a
+	// sandbox that holds volumes, so what the programs still hold in memory
+	// (a browser's cookies) reaches the volume.
+	Shutdown(context.Context, *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error)
 }
 
 // NewDesktopClient constructs a client for the desktop.Desktop service. By default, it uses the
@@ -83,6 +92,12 @@ func NewDesktopClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			connect.WithSchema(desktopMethods.ByName("Act")),
 			connect.WithClientOptions(opts...),
 		),
+		shutdown: connect.NewClient[desktop.ShutdownRequest, desktop.ShutdownResponse](
+			httpClient,
+			baseURL+DesktopShutdownProcedure,
+			connect.WithSchema(desktopMethods.ByName("Shutdown")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -91,6 +106,7 @@ type desktopClient struct {
 	info       *connect.Client[desktop.InfoRequest, desktop.InfoResponse]
 	screenshot *connect.Client[desktop.ScreenshotRequest, desktop.ScreenshotResponse]
 	act        *connect.Client[desktop.ActRequest, desktop.ActResponse]
+	shutdown   *connect.Client[desktop.ShutdownRequest, desktop.ShutdownResponse]
 }
 
 // Info calls desktop.Desktop.Info.
@@ -108,6 +124,11 @@ func (c *desktopClient) Act(ctx context.Context, req *connect.Request[desktop.Ac
 	return c.act.CallUnary(ctx, req)
 }
 
+// Shutdown calls desktop.Desktop.Shutdown.
+func (c *desktopClient) Shutdown(ctx context.Context, req *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error) {
+	return c.shutdown.CallUnary(ctx, req)
+}
+
 // DesktopHandler is an implementation of the desktop.Desktop service.
 type DesktopHandler interface {
 	// Info reports the agent's version, capabilities and the screen; ready is
@@ -116,6 +137,13 @@ type DesktopHandler interface {
 	Screenshot(context.Context, *connect.Request[desktop.ScreenshotRequest]) (*connect.Response[desktop.ScreenshotResponse], error)
 	// Act runs actions in order and stops at the first failure.
 	Act(context.Context, *connect.Request[desktop.ActRequest]) (*connect.Response[desktop.ActResponse], error)
+	// Shutdown ends the sandbox's programs the way a shutdown does (the
+	// desktop session, then every command: SIGTERM, SIGKILL after a grace
+	// period), syncs the filesystems and answers; the agent exits after the
+	// answer, and the box with it. The daemon calls it before it stops a
+	// sandbox that holds volumes, so what the programs still hold in memory
+	// (a browser's cookies) reaches the volume.
+	Shutdown(context.Context, *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error)
 }
 
 // NewDesktopHandler builds an HTTP handler from the service implementation. It returns the path on
@@ -143,6 +171,12 @@ func NewDesktopHandler(svc DesktopHandler, opts ...connect.HandlerOption) (strin
 		connect.WithSchema(desktopMethods.ByName("Act")),
 		connect.WithHandlerOptions(opts...),
 	)
+	desktopShutdownHandler := connect.NewUnaryHandler(
+		DesktopShutdownProcedure,
+		svc.Shutdown,
+		connect.WithSchema(desktopMethods.ByName("Shutdown")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/desktop.Desktop/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case DesktopInfoProcedure:
@@ -151,6 +185,8 @@ func NewDesktopHandler(svc DesktopHandler, opts ...connect.HandlerOption) (strin
 			desktopScreenshotHandler.ServeHTTP(w, r)
 		case DesktopActProcedure:
 			desktopActHandler.ServeHTTP(w, r)
+		case DesktopShutdownProcedure:
+			desktopShutdownHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -170,4 +206,8 @@ func (UnimplementedDesktopHandler) Screenshot(context.Context, *connect.Request[
 
 func (UnimplementedDesktopHandler) Act(context.Context, *connect.Request[desktop.ActRequest]) (*connect.Response[desktop.ActResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("desktop.Desktop.Act is not implemented"))
+}
+
+func (UnimplementedDesktopHandler) Shutdown(context.Context, *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("desktop.Desktop.Shutdown is not implemented"))
 }
