@@ -132,7 +132,7 @@ func (c *Config) validate() error {
 		if p.Name == "" {
 			return fmt.Errorf("programs[%d]: no name", i)
 		}
-		if seen[p.Name] {
+		if seen[p.Name] || p.Name == xvfbName {
 			return fmt.Errorf("programs[%d]: duplicate name %q", i, p.Name)
 		}
 		seen[p.Name] = true

@@ -73,6 +73,7 @@ func TestParseErrors(t *testing.T) {
 		"unknown field":   `{"display": ":0", "xvfb": ["Xvfb"], "extra": 1}`,
 		"no name":         `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"argv": ["a"]}]}`,
 		"duplicate":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"]}, {"name": "a", "argv": ["b"]}]}`,
+		"named as X":      `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "xvfb", "argv": ["a"]}]}`,
 		"empty argv":      `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": []}]}`,
 		"NUL":             `{"display": ":0", "xvfb": ["Xvfb", "a\u0000"]}`,
 		"trailing":        `{"display": ":0", "xvfb": ["Xvfb"]} {}`,

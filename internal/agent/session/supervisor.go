@@ -57,7 +57,8 @@ type Supervisor struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // runX and every runProgram
+	progs  sync.WaitGroup // every runProgram
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -105,6 +106,7 @@ func New(cfg Config, opts Options) (*Supervisor, error) {
 // once; watch Ready for the outcome.
 func (s *Supervisor) Start() {
 	s.wg.Add(1 + len(s.cfg.Programs))
+	s.progs.Add(len(s.cfg.Programs))
 	go s.runX()
 	for _, p := range s.cfg.Programs {
 		go s.runProgram(p)
@@ -146,40 +148,63 @@ func (s *Supervisor) displayUp() <-chan struct{} {
 	return s.up
 }
 
-// Stop terminates every program and Xvfb: SIGTERM to each process group,
-// SIGKILL after the grace period. It returns when all have exited or ctx
-// ends, and is safe to call more than once.
+// Stop terminates the programs, then Xvfb: SIGTERM to each program's
+// process group, SIGKILL after the grace period; then the same for Xvfb.
+// The display goes last because a program that loses it while it shuts
+// down dies on the spot: Chromium then neither writes its cookies nor
+// releases its profile lock, and the next sandbox with the same profile
+// volume finds itself logged out and the profile "in use on another
+// computer". It returns when all have exited or ctx ends, and is safe to
+// call more than once.
 func (s *Supervisor) Stop(ctx context.Context) error {
 	s.stopOnce.Do(func() {
 		s.cancel()
-		s.signalAll(syscall.SIGTERM)
+		s.signal(syscall.SIGTERM, false)
 	})
+	if !s.waitStopped(ctx, &s.progs, false) {
+		return ctx.Err()
+	}
+	s.signal(syscall.SIGTERM, true)
+	if !s.waitStopped(ctx, &s.wg, true) {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// waitStopped waits for wg, sending SIGKILL (to the programs, or to all
+// with x) once the grace period or ctx is over; it reports false if ctx
+// ended first.
+func (s *Supervisor) waitStopped(ctx context.Context, wg *sync.WaitGroup, x bool) bool {
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.opts.Grace)
 	defer grace.Stop()
 	select {
 	case <-done:
-		return nil
+		return true
 	case <-grace.C:
-		s.log.Warn("session: programs still running after grace period; killing")
-		s.signalAll(syscall.SIGKILL)
+		s.log.Warn("session: still running after the grace period; killing", "display", x)
+		s.signal(syscall.SIGKILL, x)
 	case <-ctx.Done():
-		s.signalAll(syscall.SIGKILL)
+		s.signal(syscall.SIGKILL, x)
 	}
 	select {
 	case <-done:
-		return nil
+		return true
 	case <-ctx.Done():
-		return ctx.Err()
+		return false
 	}
 }
 
-func (s *Supervisor) signalAll(sig syscall.Signal) {
+// signal sends sig to the process group of every program, and of Xvfb
+// too with x.
+func (s *Supervisor) signal(sig syscall.Signal, x bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for pid := range s.children {
-		_ = syscall.Kill(-pid, sig)
+	for pid, name := range s.children {
+		if name != xvfbName || x {
+			_ = syscall.Kill(-pid, sig)
+		}
 	}
 }
 
@@ -263,13 +288,16 @@ func (b *backoff) next(ran time.Duration) time.Duration {
 	return b.cur
 }
 
+// xvfbName is the X server's name among the children.
+const xvfbName = "xvfb"
+
 // runX keeps Xvfb running and the desktop connected.
 func (s *Supervisor) runX() {
 	defer s.wg.Done()
 	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
 	for s.ctx.Err() == nil {
 		began := time.Now()
-		pid, status, err := s.spawn("xvfb", s.cfg.Xvfb, "root")
+		pid, status, err := s.spawn(xvfbName, s.cfg.Xvfb, "root")
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -301,7 +329,7 @@ func (s *Supervisor) runX() {
 		if status != nil {
 			st = <-status
 		}
-		s.exited("xvfb", st, time.Since(began))
+		s.exited(xvfbName, st, time.Since(began))
 		if d != nil {
 			s.mu.Lock()
 			s.up = make(chan struct{})
@@ -368,6 +396,7 @@ func xvfbExited(status <-chan reap.Status) bool {
 // runProgram keeps one program running while the display is up.
 func (s *Supervisor) runProgram(p Program) {
 	defer s.wg.Done()
+	defer s.progs.Done()
 	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
 	for {
 		select {

@@ -82,12 +82,17 @@ func TestSupervisor(t *testing.T) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// graceful checks, half a second into its shutdown, that the display
+	// is still there: programs are stopped before Xvfb.
+	termLog := filepath.Join(dir, "term")
+	graceful := fmt.Sprintf(`trap 'sleep 0.5; if test -S /tmp/.X11-unix/X%d; then echo display-up; else echo display-gone; fi > %s; exit 0' TERM; while :; do sleep 0.1; done`, n, termLog)
 	raw := map[string]any{
 		"display": fmt.Sprintf(":%d", n),
 		"xvfb":    []string{"Xvfb", "{display}", "-screen", "0", "{width}x{height}x24", "-dpi", "{dpi}", "-nolisten", "tcp"},
 		"programs": []map[string]any{
 			{"name": "crashy", "argv": []string{"/bin/sh", "-c", `echo "$DISPLAY $USER" >> ` + log + `; sleep 0.2; exit 1`}, "user": "nobody"},
 			{"name": "sleeper", "argv": []string{"sleep", "600", "{start_url}"}},
+			{"name": "graceful", "argv": []string{"/bin/sh", "-c", graceful}},
 		},
 	}
 	if _, err := exec.LookPath("openbox"); err == nil {
@@ -169,6 +174,9 @@ func TestSupervisor(t *testing.T) {
 		t.Fatalf("Stop: %v", err)
 	}
 	stopped = true
+	if b, err := os.ReadFile(termLog); err != nil || string(b) != "display-up\n" {
+		t.Errorf("a program's shutdown saw %q, %v; want the display still up (programs stop before Xvfb)", b, err)
+	}
 	s.mu.Lock()
 	left := len(s.children)
 	s.mu.Unlock()

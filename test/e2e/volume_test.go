@@ -1,0 +1,248 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"image/color"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/needs"
+	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+// loginSite is a web site with a login: POST /login sets a persistent
+// session cookie, and / is green for a browser that sends it, red for
+// one that does not. It records which pages were asked with the cookie.
+type loginSite struct {
+	session string // the cookie's value
+
+	mu   sync.Mutex
+	seen []string // "GET / in" or "GET / out", in order
+}
+
+var (
+	loginBlue = color.RGBA{0x20, 0x40, 0xd0, 0xff}
+	inGreen   = color.RGBA{0x10, 0xb0, 0x30, 0xff}
+	outRed    = color.RGBA{0xd0, 0x20, 0x20, 0xff}
+)
+
+func page(title string, c color.RGBA, body string) string {
+	return fmt.Sprintf(`<!doctype html><title>%s</title><style>html,body{margin:0;height:100%%;background:#%02x%02x%02x}
+button{position:fixed;inset:0;width:100%%;height:100%%;border:0;background:transparent;font-size:40px;color:#fff}</style>%s`,
+		title, c.R, c.G, c.B, body)
+}
+
+func (s *loginSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/html")
+	switch {
+	case r.URL.Path == "/login" && r.Method == http.MethodPost:
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: s.session, Path: "/", MaxAge: 86400, HttpOnly: true})
+		http.Redirect(w, r, "/", http.StatusSeeOther)
+	case r.URL.Path == "/login":
+		fmt.Fprint(w, page("login", loginBlue, `<form method="post" action="/login"><button>Log in</button></form>`))
+	case r.URL.Path == "/":
+		c, err := r.Cookie("session")
+		in := err == nil && c.Value == s.session
+		s.mu.Lock()
+		s.seen = append(s.seen, map[bool]string{true: "GET / in", false: "GET / out"}[in])
+		s.mu.Unlock()
+		if in {
+			fmt.Fprint(w, page("logged in", inGreen, "<h1>Welcome back, alice</h1>"))
+		} else {
+			fmt.Fprint(w, page("logged out", outRed, "<h1>Not logged in</h1>"))
+		}
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// TestVolumeLogin is the flagship use of volumes: a sandbox logs in to a
+// site (served inside the test's own network namespace) and is
+// destroyed; a new sandbox with the same profile volume at /home/user
+// opens the site already logged in, while one without it is logged out.
+// A volume in use refuses a second sandbox, and the volume and its
+// attachment survive a kill -9 of cubicled and a restart. Backends:
+// gvisor and runc, or those CUBICLE_E2E_BACKEND names that attach volumes.
+func TestVolumeLogin(t *testing.T) {
+	if !netpooltest.InOwnNetns(t) {
+		return
+	}
+	needs.Command(t, "nft", "mkfs.ext4")
+	needs.Image(t, filepath.Join(imageDir(), "desktop"))
+	tmp := t.TempDir()
+	srv := netpooltest.Peer(t, tmp, "site", "tsite0", netip.MustParsePrefix("192.0.2.254/24"), netip.MustParsePrefix("192.0.2.1/24"))
+	var web net.Listener
+	if err := netpooltest.Do(srv, func() (err error) { web, err = net.Listen("tcp4", "0.0.0.0:8080"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer web.Close()
+	b := make([]byte, 16)
+	rand.Read(b)
+	site := &loginSite{session: hex.EncodeToString(b)}
+	go http.Serve(web, site)
+
+	for i, backend := range selectedBackends("gvisor", "runc") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testVolumeLogin(t, site, backend, fmt.Sprintf("cbvol%d", i), fmt.Sprintf("10.90.%d.0/24", i))
+		})
+	}
+}
+
+func testVolumeLogin(t *testing.T, site *loginSite, backend, bridge, cidr string) {
+	dataDir, err := os.MkdirTemp("", "cubicle-e2e-vol-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend,
+		Args: []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr}})
+	if err != nil {
+		os.RemoveAll(dataDir)
+		t.Fatal(err)
+	}
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
+	t.Cleanup(func() {
+		if sbs, err := c.List(context.Background(), client.ListOptions{}); err == nil {
+			for _, sb := range sbs {
+				c.Destroy(context.Background(), sb.ID)
+			}
+		}
+		d.Stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(d.Log)
+			t.Logf("cubicled log (tail):\n%s", tail(string(log), 80))
+		}
+		os.RemoveAll(dataDir)
+	})
+	bg := context.Background()
+	profile := []client.VolumeMount{{Name: "profile-alice", Path: "/home/user"}}
+	if _, err := c.CreateVolume(bg, "profile-alice", 1024); err != nil {
+		t.Fatal(err)
+	}
+	create := func(path string, vols []client.VolumeMount) client.Sandbox {
+		t.Helper()
+		t0 := time.Now()
+		sb, err := c.Create(bg, client.CreateRequest{Backend: backend, StartURL: "http://192.0.2.1:8080" + path,
+			Network: &client.Network{Allow: []string{"192.0.2.1/32"}}, Volumes: vols})
+		if err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		t.Logf("sandbox %s ready in %v", sb.ID, time.Since(t0).Round(time.Millisecond))
+		return sb
+	}
+	// shows waits for the page's colour in the middle of the screen.
+	shows := func(id string, want color.RGBA, what string) {
+		t.Helper()
+		if !eventually(90*time.Second, func() bool { return near(pixel(t, c, id, 512, 600), want) }) {
+			ws, _ := c.Windows(bg, id)
+			res, _ := c.Exec(bg, id, client.ExecRequest{Command: "find /home/user/.config/chromium -maxdepth 1 -printf '%f %l\n'; ps -ef | grep -c chromium"})
+			t.Logf("windows %+v; profile and browser: %s %s", ws, res.Stdout, res.Stderr)
+			t.Fatalf("%s: the screen shows %v at (512, 600), want %v", what, pixel(t, c, id, 512, 600), want)
+		}
+	}
+
+	a := create("/login", profile)
+	shows(a.ID, loginBlue, "the login page")
+	if _, err := c.Actions(bg, a.ID, client.ClickAt(512, 400)); err != nil {
+		t.Fatal(err)
+	}
+	shows(a.ID, inGreen, "after logging in")
+	{
+		res, _ := c.Exec(bg, a.ID, client.ExecRequest{Command: "id; find /home/user/.config/chromium -maxdepth 1 | head -20; grep home /proc/mounts; ls -la /home/user/.config/chromium/Default/Cookies*; pgrep -a chromium | head -3"})
+		t.Logf("DEBUG in A: %s %s", res.Stdout, res.Stderr)
+		res, _ = c.Exec(bg, a.ID, client.ExecRequest{Command: "kill -TERM $(pgrep -o -f /usr/lib/chromium/chromium); sleep 4; pgrep -a chromium | head -2; find /home/user/.config/chromium -maxdepth 1 -name 'Singleton*'; echo done"})
+		t.Logf("DEBUG leader TERM: %s %s", res.Stdout, res.Stderr)
+	}
+
+	// Held by a: a second sandbox cannot have it, and nothing is made.
+	n := len(mustList(t, c))
+	if _, err := c.Create(bg, client.CreateRequest{Backend: backend, Volumes: profile}); !client.IsConflict(err) {
+		t.Errorf("a second sandbox with the volume in use: %v, want conflict", err)
+	}
+	if got := len(mustList(t, c)); got != n {
+		t.Errorf("the refused create left a sandbox: %d → %d", n, got)
+	}
+	if v, err := c.GetVolume(bg, "profile-alice"); err != nil || v.AttachedTo != a.ID {
+		t.Errorf("volume %+v, %v; want attached to %s", v, err, a.ID)
+	}
+	t0 := time.Now()
+	if err := c.Destroy(bg, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("destroy with a volume (graceful: the browser writes its cookies) took %v", time.Since(t0).Round(time.Millisecond))
+	assertNoTrace(t, d, backend, a.ID)
+	{
+		files, _ := filepath.Glob(filepath.Join(dataDir, "volumes", "*", "*.ext4"))
+		out, err := exec.Command("sh", "-c", "mkdir -p /tmp/dbgmnt && mount -o loop,ro "+files[0]+" /tmp/dbgmnt && ls -la /tmp/dbgmnt /tmp/dbgmnt/.config/chromium /tmp/dbgmnt/.config/chromium/Default | head -60; umount /tmp/dbgmnt").CombinedOutput()
+		t.Logf("DEBUG volume after destroy: %s %v", out, err)
+	}
+	if v, _ := c.GetVolume(bg, "profile-alice"); v.AttachedTo != "" {
+		t.Errorf("after destroy the volume is attached to %q", v.AttachedTo)
+	}
+
+	// A new sandbox with the profile is logged in; one without is not
+	// (the control: the site does tell them apart).
+	bsb := create("/", profile)
+	shows(bsb.ID, inGreen, "a new sandbox with the profile volume")
+	csb := create("/", nil)
+	shows(csb.ID, outRed, "a sandbox without the profile (control)")
+	site.mu.Lock()
+	seen := strings.Join(site.seen, ", ")
+	site.mu.Unlock()
+	t.Logf("the site saw: %s", seen)
+	if !strings.Contains(seen, "GET / in") || !strings.Contains(seen, "GET / out") {
+		t.Errorf("the site saw %q; want a request with the session cookie and one without", seen)
+	}
+	if err := c.Destroy(bg, csb.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// kill -9 and a restart: the volume, and that bsb holds it, survive.
+	d.Kill9()
+	rctx, rcancel := context.WithTimeout(bg, time.Minute)
+	defer rcancel()
+	if err := d.Restart(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := c.GetVolume(bg, "profile-alice"); err != nil || v.AttachedTo != bsb.ID {
+		t.Errorf("after kill -9 and restart: volume %+v, %v; want attached to %s", v, err, bsb.ID)
+	}
+	if _, err := c.Create(bg, client.CreateRequest{Backend: backend, Volumes: profile}); !client.IsConflict(err) {
+		t.Errorf("after the restart, a second sandbox with the volume in use: %v, want conflict", err)
+	}
+	shows(bsb.ID, inGreen, "the re-adopted sandbox")
+	if err := c.Destroy(bg, bsb.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertNoTrace(t, d, backend, bsb.ID)
+	if err := c.DeleteVolume(bg, "profile-alice"); err != nil {
+		t.Fatalf("delete the free volume: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dataDir, "volumes", "*", "*")); len(left) > 0 {
+		t.Errorf("deleted volume left files: %v", left)
+	}
+}
+
+func mustList(t *testing.T, c *client.Client) []client.Sandbox {
+	t.Helper()
+	sbs, err := c.List(context.Background(), client.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sbs
+}
