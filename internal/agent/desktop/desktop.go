@@ -208,10 +208,12 @@ func (d *Desktop) sync() error { return d.in.sync() }
 
 type atoms struct {
 	clientList, activeWindow, netWMName, utf8String, wmState xproto.Atom
+	wmProtocols, wmDeleteWindow, netWMPid                    xproto.Atom
 }
 
 func internAtoms(conn *xgb.Conn) (atoms, error) {
-	names := []string{"_NET_CLIENT_LIST", "_NET_ACTIVE_WINDOW", "_NET_WM_NAME", "UTF8_STRING", "WM_STATE"}
+	names := []string{"_NET_CLIENT_LIST", "_NET_ACTIVE_WINDOW", "_NET_WM_NAME", "UTF8_STRING", "WM_STATE",
+		"WM_PROTOCOLS", "WM_DELETE_WINDOW", "_NET_WM_PID"}
 	cookies := make([]xproto.InternAtomCookie, len(names))
 	for i, n := range names {
 		cookies[i] = xproto.InternAtom(conn, false, uint16(len(n)), n)
@@ -224,5 +226,5 @@ func internAtoms(conn *xgb.Conn) (atoms, error) {
 		}
 		got[i] = r.Atom
 	}
-	return atoms{got[0], got[1], got[2], got[3], got[4]}, nil
+	return atoms{got[0], got[1], got[2], got[3], got[4], got[5], got[6], got[7]}, nil
 }

@@ -178,3 +178,52 @@ func (d *Desktop) isAncestorOrSelf(w, win xproto.Window) bool {
 	}
 	return false
 }
+
+// CloseWindows asks every top-level window that takes WM_DELETE_WINDOW
+// to close, as its close button would, and returns the processes that
+// own them (_NET_WM_PID), where the windows say. An application closed
+// this way shuts down as it does for its user: a browser writes its
+// cookies and releases its profile, which a signal does not make it do.
+func (d *Desktop) CloseWindows(ctx context.Context) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ids, err := d.clientList()
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, w := range ids {
+		if !d.takesDelete(w) {
+			continue
+		}
+		var data [20]byte
+		binary.LittleEndian.PutUint32(data[0:], uint32(d.atoms.wmDeleteWindow))
+		binary.LittleEndian.PutUint32(data[4:], uint32(xproto.TimeCurrentTime))
+		ev := xproto.ClientMessageEvent{
+			Format: 32, Window: w, Type: d.atoms.wmProtocols,
+			Data: xproto.ClientMessageDataUnionData8New(data[:]),
+		}
+		if err := xproto.SendEventChecked(d.conn, false, w, xproto.EventMaskNoEvent, string(ev.Bytes())).Check(); err != nil {
+			continue // the window went away
+		}
+		if r, err := d.property(w, d.atoms.netWMPid); err == nil && r.Format == 32 && len(r.Value) >= 4 {
+			pids = append(pids, int(binary.LittleEndian.Uint32(r.Value)))
+		}
+	}
+	return pids, d.sync()
+}
+
+// takesDelete reports whether w lists WM_DELETE_WINDOW in WM_PROTOCOLS.
+func (d *Desktop) takesDelete(w xproto.Window) bool {
+	r, err := d.property(w, d.atoms.wmProtocols)
+	if err != nil {
+		return false
+	}
+	for _, a := range windowsOf(r) { // a list of 32-bit atoms
+		if xproto.Atom(a) == d.atoms.wmDeleteWindow {
+			return true
+		}
+	}
+	return false
+}

@@ -67,6 +67,7 @@ type Supervisor struct {
 	err      error
 	up       chan struct{} // closed while the display is up; replaced when it goes down
 	children map[int]string
+	desk     *desktop.Desktop // the display's connection while it is up
 	stopOnce sync.Once
 }
 
@@ -148,33 +149,76 @@ func (s *Supervisor) displayUp() <-chan struct{} {
 	return s.up
 }
 
-// Stop terminates the programs, then Xvfb: SIGTERM to each program's
-// process group, SIGKILL after the grace period; then the same for Xvfb.
-// The display goes last because a program that loses it while it shuts
-// down dies on the spot: Chromium then neither writes its cookies nor
-// releases its profile lock, and the next sandbox with the same profile
-// volume finds itself logged out and the profile "in use on another
-// computer". It returns when all have exited or ctx ends, and is safe to
-// call more than once.
+// Stop terminates the programs, then Xvfb. Each program's own process
+// gets SIGTERM first, not its process group: a browser shuts down its
+// helper processes itself, and its network process holds the cookies it
+// has not written yet, which a signal to the whole group would lose.
+// Once the programs have exited, or after the grace period, whatever is
+// left in their process groups is killed. The display goes last because
+// a program that loses it while it shuts down dies on the spot: Chromium
+// then neither writes its cookies nor releases its profile lock, and the
+// next sandbox with the same profile volume finds itself logged out. Xvfb
+// gets SIGTERM, and SIGKILL after the grace period. Stop returns when all
+// have exited or ctx ends, and is safe to call more than once.
 func (s *Supervisor) Stop(ctx context.Context) error {
+	var groups []int
 	s.stopOnce.Do(func() {
 		s.cancel()
-		s.signal(syscall.SIGTERM, false)
+		s.closeWindows(ctx)
+		groups = s.signal(syscall.SIGTERM, false, false)
 	})
-	if !s.waitStopped(ctx, &s.progs, false) {
+	deadline := time.Now().Add(s.opts.Grace)
+	ok := s.waitStopped(ctx, &s.progs, func() { s.signal(syscall.SIGKILL, false, true) })
+	// A program's helpers may outlive it a little: Chromium's network
+	// process finishes writing the cookie database after the browser
+	// process has exited. They get until the grace period is over.
+	for _, g := range groups {
+		for syscall.Kill(-g, 0) == nil && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = syscall.Kill(-g, syscall.SIGKILL)
+	}
+	if !ok {
 		return ctx.Err()
 	}
-	s.signal(syscall.SIGTERM, true)
-	if !s.waitStopped(ctx, &s.wg, true) {
+	s.signal(syscall.SIGTERM, true, true)
+	if !s.waitStopped(ctx, &s.wg, func() { s.signal(syscall.SIGKILL, true, true) }) {
 		return ctx.Err()
 	}
 	return nil
 }
 
-// waitStopped waits for wg, sending SIGKILL (to the programs, or to all
-// with x) once the grace period or ctx is over; it reports false if ctx
-// ended first.
-func (s *Supervisor) waitStopped(ctx context.Context, wg *sync.WaitGroup, x bool) bool {
+// closeWindows asks the applications' windows to close, as a desktop's
+// logout does, and waits (up to the grace period) for the processes that
+// own them to exit. Chromium closed this way writes its cookies and
+// releases its profile lock; on SIGTERM it exits at once and loses the
+// cookies it had not written yet (up to 30 s of them), so a profile
+// volume would lose a login made just before the sandbox stopped.
+func (s *Supervisor) closeWindows(ctx context.Context) {
+	s.mu.Lock()
+	d := s.desk
+	s.mu.Unlock()
+	if d == nil {
+		return
+	}
+	pids, err := d.CloseWindows(ctx)
+	if err != nil {
+		s.log.Warn("session: close windows", "err", err)
+	}
+	deadline := time.Now().Add(s.opts.Grace)
+	for _, pid := range pids {
+		for syscall.Kill(pid, 0) == nil && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if len(pids) > 0 {
+		s.log.Info("session: windows closed", "processes", len(pids))
+	}
+}
+
+// waitStopped waits for wg, calling kill once the grace period or ctx is
+// over; it reports false if ctx ended first.
+func (s *Supervisor) waitStopped(ctx context.Context, wg *sync.WaitGroup, kill func()) bool {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	grace := time.NewTimer(s.opts.Grace)
@@ -183,10 +227,10 @@ func (s *Supervisor) waitStopped(ctx context.Context, wg *sync.WaitGroup, x bool
 	case <-done:
 		return true
 	case <-grace.C:
-		s.log.Warn("session: still running after the grace period; killing", "display", x)
-		s.signal(syscall.SIGKILL, x)
+		s.log.Warn("session: still running after the grace period; killing")
+		kill()
 	case <-ctx.Done():
-		s.signal(syscall.SIGKILL, x)
+		kill()
 	}
 	select {
 	case <-done:
@@ -196,16 +240,25 @@ func (s *Supervisor) waitStopped(ctx context.Context, wg *sync.WaitGroup, x bool
 	}
 }
 
-// signal sends sig to the process group of every program, and of Xvfb
-// too with x.
-func (s *Supervisor) signal(sig syscall.Signal, x bool) {
+// signal sends sig to every program (and to Xvfb too with x): to its
+// process group with group, else to the process alone. It returns the
+// process groups it signalled.
+func (s *Supervisor) signal(sig syscall.Signal, x, group bool) []int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var pids []int
 	for pid, name := range s.children {
-		if name != xvfbName || x {
-			_ = syscall.Kill(-pid, sig)
+		if name == xvfbName && !x {
+			continue
 		}
+		target := pid
+		if group {
+			target = -pid
+		}
+		_ = syscall.Kill(target, sig)
+		pids = append(pids, pid)
 	}
+	return pids
 }
 
 // spawn starts argv as user in its own process group.
@@ -317,6 +370,7 @@ func (s *Supervisor) runX() {
 		} else {
 			s.mu.Lock()
 			s.err = nil
+			s.desk = d
 			close(s.up)
 			s.mu.Unlock()
 			if s.opts.Desktop != nil {
@@ -333,6 +387,7 @@ func (s *Supervisor) runX() {
 		if d != nil {
 			s.mu.Lock()
 			s.up = make(chan struct{})
+			s.desk = nil
 			s.mu.Unlock()
 			if s.opts.Desktop != nil {
 				s.opts.Desktop.SetDesktop(nil)
