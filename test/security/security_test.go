@@ -492,6 +492,38 @@ print("typing socket, other path:", ask("/run/cubicle-input/type.sock", b"GET /p
 		}
 	})
 
+	t.Run("volumes", func(t *testing.T) {
+		// Names that try to leave the key's volume directory, and mount
+		// paths that would cover what the sandbox or the host needs: each
+		// refused with its error, and nothing made (the inventory below).
+		for _, name := range []string{"..", "../x", "%2e%2e", "a/b", "A", ".hidden", "x%00y", strings.Repeat("v", 64)} {
+			n["volume with a bad name"]++
+			if a := e.do("POST", "/v1/volumes", `{"name":"`+name+`","size_mb":64}`, "X-API-Key", e.key); a.code != http.StatusBadRequest || !isNativeError(a.body, "invalid_argument") {
+				t.Errorf("create volume %q: %d %.200s, want 400 invalid_argument", name, a.code, a.body)
+			}
+			for _, m := range []string{"GET", "DELETE"} {
+				// 307: the router's redirect of a path with dot segments
+				// to its clean form, which names no volume.
+				if a := e.do(m, "/v1/volumes/"+name, "", "X-API-Key", e.key); a.code != http.StatusNotFound && a.code != http.StatusTemporaryRedirect {
+					t.Errorf("%s volume %q: %d %.200s, want 404 (or the router's 307 to the clean path)", m, name, a.code, a.body)
+				}
+			}
+		}
+		for _, path := range []string{"/", "/proc", "/proc/1", "/sys", "/dev", "/etc", "/run/cubicle", "/tmp/x", "/home/../etc", "relative", "/usr/lib"} {
+			n["sandbox with a volume at a forbidden path"]++
+			body := `{"volumes":[{"name":"v","path":"` + path + `"}]}`
+			time.Sleep(250 * time.Millisecond) // under the daemon's create rate, which is checked first
+			if a := e.do("POST", "/v1/sandboxes", body, "X-API-Key", e.key); a.code != http.StatusBadRequest || !isNativeError(a.body, "invalid_argument") {
+				t.Errorf("volume at %q: %d %.200s, want 400 invalid_argument", path, a.code, a.body)
+			}
+		}
+		n["sandbox with a volume that does not exist"]++
+		time.Sleep(250 * time.Millisecond)
+		if a := e.do("POST", "/v1/sandboxes", `{"volumes":[{"name":"nope","path":"/data"}]}`, "X-API-Key", e.key); a.code != http.StatusNotFound && a.code != http.StatusTooManyRequests {
+			t.Errorf("a missing volume: %d %.200s, want 404 (or the key's quota first)", a.code, a.body)
+		}
+	})
+
 	t.Run("key comparison timing", func(t *testing.T) { n["wrong key, timed"] += keyTiming(t, e) })
 
 	// Nothing was created, destroyed or left behind by all that; the
@@ -533,6 +565,13 @@ func (e *env) inventory() []string {
 	var out []string
 	for _, sb := range sbs {
 		out = append(out, sb.ID+" "+sb.State)
+	}
+	vols, err := e.c.ListVolumes(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, v := range vols {
+		out = append(out, "volume "+v.Name+" "+v.AttachedTo)
 	}
 	sort.Strings(out)
 	return out
