@@ -111,8 +111,8 @@ type CreateRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 	Metadata map[string]string `json:"metadata,omitempty"`
 	Network  *Network          `json:"network,omitempty"`
-	// Volumes are attached read-write for the sandbox's life (gvisor and
-	// runc). Each must be this key's and free: a volume another sandbox
+	// Volumes are attached read-write for the sandbox's life (gvisor,
+	// runc and qemu). Each must be this key's and free: a volume another sandbox
 	// holds yields an error for which IsConflict is true.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
 }

@@ -480,7 +480,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	}
 	if len(req.Volumes) > 0 {
 		if va, ok := d.(driver.VolumeAttacher); !ok || !va.AttachesVolumes() {
-			return Sandbox{}, errdefs.New(errdefs.ErrNotSupported, "backend %s cannot attach volumes yet; gvisor and runc can", d.Name())
+			return Sandbox{}, errdefs.New(errdefs.ErrNotSupported, "backend %s cannot attach volumes yet; gvisor, runc and qemu can", d.Name())
 		}
 	}
 	if req.Template == "" {

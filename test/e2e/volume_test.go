@@ -74,7 +74,8 @@ func (s *loginSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // opens the site already logged in, while one without it is logged out.
 // A volume in use refuses a second sandbox, and the volume and its
 // attachment survive a kill -9 of cubicled and a restart. Backends:
-// gvisor and runc, or those CUBICLE_E2E_BACKEND names that attach volumes.
+// gvisor, runc and qemu (a virtio-blk disk the guest mounts), or those
+// CUBICLE_E2E_BACKEND names.
 func TestVolumeLogin(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -93,7 +94,7 @@ func TestVolumeLogin(t *testing.T) {
 	site := &loginSite{session: hex.EncodeToString(b)}
 	go http.Serve(web, site)
 
-	for i, backend := range selectedBackends("gvisor", "runc") {
+	for i, backend := range selectedBackends("gvisor", "runc", "qemu") {
 		t.Run(backend, func(t *testing.T) {
 			needsBackend(t, backend)
 			testVolumeLogin(t, site, backend, fmt.Sprintf("cbvol%d", i), fmt.Sprintf("10.90.%d.0/24", i))
@@ -136,8 +137,12 @@ func testVolumeLogin(t *testing.T, site *loginSite, backend, bridge, cidr string
 	create := func(path string, vols []client.VolumeMount) client.Sandbox {
 		t.Helper()
 		t0 := time.Now()
-		sb, err := c.Create(bg, client.CreateRequest{Backend: backend, StartURL: "http://192.0.2.1:8080" + path,
-			Network: &client.Network{Allow: []string{"192.0.2.1/32"}}, Volumes: vols})
+		req := client.CreateRequest{Backend: backend, StartURL: "http://192.0.2.1:8080" + path,
+			Network: &client.Network{Allow: []string{"192.0.2.1/32"}}, Volumes: vols}
+		if isVM(backend) {
+			req.MemoryMB = 1536
+		}
+		sb, err := c.Create(bg, req)
 		if err != nil {
 			t.Fatalf("create: %v", err)
 		}

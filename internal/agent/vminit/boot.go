@@ -77,6 +77,9 @@ func Boot(log *slog.Logger) (Config, error) {
 	if err := mountSystem(); err != nil {
 		return Config{}, err
 	}
+	if err := mountVolumes(disks, cfg.Volumes, log); err != nil {
+		return Config{}, err
+	}
 	if cfg.Hostname != "" {
 		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 			log.Warn("sethostname", "err", err)

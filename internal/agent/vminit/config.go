@@ -52,6 +52,17 @@ type Config struct {
 	// Env is the sandbox's environment, the agent's as well as every
 	// process's: PATH, CUBICLE_WIDTH, CUBICLE_START_URL, ...
 	Env map[string]string `json:"env,omitempty"`
+	// Volumes are extra virtio-blk disks, each an ext4 file system that
+	// init mounts at Path; a disk is known by its file system's UUID,
+	// which the host reads from the volume's file (Firecracker passes
+	// no serials).
+	Volumes []Volume `json:"volumes,omitempty"`
+}
+
+// Volume is one volume of a VM.
+type Volume struct {
+	UUID string `json:"uuid"` // ext4 UUID, 32 lower-case hex digits
+	Path string `json:"path"` // absolute mount path in the guest
 }
 
 // configBlock is the size the config disk is padded to (a sector multiple;

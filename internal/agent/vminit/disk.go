@@ -3,6 +3,7 @@ package vminit
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -142,6 +143,7 @@ const (
 	ext4SuperOffset = 1024
 	ext4MagicOffset = ext4SuperOffset + 0x38 // __le16 s_magic
 	ext4LabelOffset = ext4SuperOffset + 0x78 // char s_volume_name[16]
+	ext4UUIDOffset  = ext4SuperOffset + 0x68 // __u8 s_uuid[16]
 	ext4Magic       = 0xEF53
 )
 
@@ -156,6 +158,30 @@ func ext4Label(head []byte) (string, bool) {
 		label = label[:i]
 	}
 	return string(label), true
+}
+
+// Ext4UUID returns the UUID of the ext4 file system whose first bytes
+// are head (at least its first 2048), as 32 lower-case hex digits, and
+// whether head is one. Hosts read a volume's with it, the guest its disks'.
+func Ext4UUID(head []byte) (string, bool) {
+	if len(head) < ext4LabelOffset+16 || binary.LittleEndian.Uint16(head[ext4MagicOffset:]) != ext4Magic {
+		return "", false
+	}
+	return hex.EncodeToString(head[ext4UUIDOffset : ext4UUIDOffset+16]), true
+}
+
+// findUUID returns the DEV path of the disk whose ext4 UUID is uuid.
+func (f diskFinder) findUUID(uuid string) string {
+	blocks, _ := filepath.Glob(filepath.Join(f.sys, "block", "vd*"))
+	for _, b := range blocks {
+		dev := filepath.Join(f.dev, filepath.Base(b))
+		if head, err := readHead(dev); err == nil {
+			if u, ok := Ext4UUID(head); ok && u == uuid {
+				return dev
+			}
+		}
+	}
+	return ""
 }
 
 // classifyDisk says which of the VM's disks head (a disk's first bytes)

@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -299,8 +300,37 @@ func hostname(id string) string {
 	return "cubicle-" + id
 }
 
+// AttachesVolumes reports that QEMU VMs mount volumes
+// (driver.VolumeAttacher): each is a virtio-blk disk the guest's init
+// mounts.
+func (d *Driver) AttachesVolumes() bool { return true }
+
+// volumeUUIDs reads the ext4 UUID of each volume's file: the guest finds
+// the volume's disk by it.
+func volumeUUIDs(vols []driver.Volume) ([]vminit.Volume, error) {
+	var out []vminit.Volume
+	for _, v := range vols {
+		f, err := os.Open(v.File)
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		head := make([]byte, 4096)
+		_, err = io.ReadFull(f, head)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		uuid, ok := vminit.Ext4UUID(head)
+		if !ok {
+			return nil, fmt.Errorf("volume %s: %s holds no ext4 file system", v.Name, v.File)
+		}
+		out = append(out, vminit.Volume{UUID: uuid, Path: v.Path})
+	}
+	return out, nil
+}
+
 // guestConfig is what the guest gets on its config disk.
-func guestConfig(s driver.Spec) vminit.Config {
+func guestConfig(s driver.Spec, vols []vminit.Volume) vminit.Config {
 	env := map[string]string{
 		"PATH":               "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME":               "/root",
@@ -314,7 +344,7 @@ func guestConfig(s driver.Spec) vminit.Config {
 	for k, v := range s.Env {
 		env[k] = v
 	}
-	return vminit.Config{Token: s.Token, Hostname: hostname(s.ID), Env: env}
+	return vminit.Config{Token: s.Token, Hostname: hostname(s.ID), Env: env, Volumes: vols}
 }
 
 // kernelArgs is the guest kernel's command line. The guest kernel logs
@@ -362,6 +392,14 @@ func (d *Driver) qemuArgs(s driver.Spec, dir, kernel, initrd string, kvm bool) [
 		"-object", "rng-random,id=rng,filename=/dev/urandom",
 		"-device", dev("rng") + ",rng=rng",
 		"-qmp", "unix:" + filepath.Join(dir, "qmp.sock") + ",server=on,wait=off",
+	}
+	// Volumes: QEMU locks each file, so a second VM cannot open one a
+	// first holds, whatever the manager believes.
+	for i, v := range s.Volumes {
+		id := fmt.Sprintf("vol%d", i)
+		args = append(args,
+			"-drive", "id="+id+",if=none,format=raw,file="+strings.ReplaceAll(v.File, ",", ",,"),
+			"-device", dev("blk")+",drive="+id+",serial=cubicle-"+id)
 	}
 	if s.Net != nil && s.Net.TAP != "" {
 		nic := dev("net") + ",netdev=net0"
@@ -412,7 +450,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if err := d.makeOverlay(ctx, vm.Disk, filepath.Join(dir, "overlay.qcow2")); err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
-	blob, err := vminit.EncodeConfig(guestConfig(spec))
+	vols, err := volumeUUIDs(spec.Volumes)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	blob, err := vminit.EncodeConfig(guestConfig(spec, vols))
 	if err != nil {
 		return nil, err
 	}
