@@ -90,8 +90,9 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 	if in.AutoPause != nil && *in.AutoPause {
 		return createParams{}, badRequestf("autoPause is not supported: cubicle cannot pause sandboxes, a sandbox is killed at its timeout")
 	}
-	if len(in.VolumeMounts) > 0 {
-		return createParams{}, badRequestf("volumeMounts are not supported by cubicle")
+	volumes, err := volumeMounts(in.VolumeMounts)
+	if err != nil {
+		return createParams{}, err
 	}
 	network, err := egress(in.AllowInternetAccess, in.Network)
 	if err != nil {
@@ -105,11 +106,30 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 		Env:                in.EnvVars,
 		Metadata:           in.Metadata,
 		Network:            network,
+		Volumes:            volumes,
 	})
 	if err != nil {
 		return createParams{}, inE2BWords(err)
 	}
 	return createParams{template: name, req: req}, nil
+}
+
+// volumeMounts decodes E2B's volumeMounts ([{name, path}]: the SDK's
+// {path: volume} map) into cubicle volumes of the same key; the shared
+// rules check names and paths.
+func volumeMounts(raw []json.RawMessage) ([]sandbox.VolumeMount, error) {
+	var out []sandbox.VolumeMount
+	for i, r := range raw {
+		var m struct {
+			Name *string `json:"name"`
+			Path *string `json:"path"`
+		}
+		if err := json.Unmarshal(r, &m); err != nil || m.Name == nil || m.Path == nil {
+			return nil, badRequestf("volumeMounts[%d] must be {\"name\": string, \"path\": string}", i)
+		}
+		out = append(out, sandbox.VolumeMount{Name: *m.Name, Path: *m.Path})
+	}
+	return out, nil
 }
 
 // e2bFields are the E2B names of the fields of the shared create rules
@@ -130,6 +150,8 @@ func inE2BWords(err error) error {
 	named := *fe
 	if n, ok := e2bFields[fe.Field]; ok {
 		named.Field = n
+	} else if rest, ok := strings.CutPrefix(fe.Field, "volumes"); ok {
+		named.Field = "volumeMounts" + rest
 	}
 	return badRequestf("%s", named.Error())
 }

@@ -44,11 +44,14 @@
 //     allow_internet_access: true asks for all egress (a daemon without a
 //     network answers 503). Absent, the daemon's default applies, which for
 //     cubicle is no egress: that differs from E2B on purpose.
+//   - volumeMounts ([{name, path}]): cubicle volumes of the same API key
+//     (made with the native API's POST /v1/volumes), attached as its
+//     "volumes" are; a missing one is 404, one in use 409.
 //
 // Refused with 400, because ignoring them would quietly give the caller
 // something else than asked: autoPause: true (cubicle cannot pause; the
-// sandbox would be killed at its timeout and its state lost), a non-empty
-// volumeMounts (no volumes), network.egressProxy (traffic would go out
+// sandbox would be killed at its timeout and its state lost),
+// network.egressProxy (traffic would go out
 // directly), a denyOut that lists only some destinations, and an allowOut
 // naming domains (cubicle filters by address only).
 //

@@ -253,7 +253,18 @@ func TestCreate(t *testing.T) {
 		{name: "env value not a string", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":{"A":1}}`, wantStatus: 400, wantMsg: "wrong type"},
 		{name: "empty metadata key", path: "/v2/sandboxes", body: `{"templateID":"desktop","metadata":{"":"v"}}`, wantStatus: 400, wantMsg: "not a valid key"},
 		{name: "autoPause", path: "/v2/sandboxes", body: `{"templateID":"desktop","autoPause":true}`, wantStatus: 400, wantMsg: "cannot pause"},
-		{name: "volume mounts", path: "/v2/sandboxes", body: `{"templateID":"desktop","volumeMounts":[{"name":"v","path":"/data"}]}`, wantStatus: 400, wantMsg: "volumeMounts"},
+		{
+			name: "volume mounts", path: "/v2/sandboxes", body: `{"templateID":"desktop","volumeMounts":[{"name":"profile","path":"/home/user"}]}`,
+			wantStatus: 201, template: "desktop",
+			check: func(t *testing.T, req sandbox.CreateRequest) {
+				if len(req.Volumes) != 1 || req.Volumes[0] != (sandbox.VolumeMount{Name: "profile", Path: "/home/user"}) {
+					t.Errorf("volumes %+v, want profile at /home/user", req.Volumes)
+				}
+			},
+		},
+		{name: "volume mount without a path", path: "/v2/sandboxes", body: `{"templateID":"desktop","volumeMounts":[{"name":"v"}]}`, wantStatus: 400, wantMsg: "volumeMounts[0] must be"},
+		{name: "volume mount at a forbidden path", path: "/v2/sandboxes", body: `{"templateID":"desktop","volumeMounts":[{"name":"v","path":"/proc"}]}`, wantStatus: 400, wantMsg: "volumeMounts[0].path"},
+		{name: "volume mount with a bad name", path: "/v2/sandboxes", body: `{"templateID":"desktop","volumeMounts":[{"name":"../v","path":"/data"}]}`, wantStatus: 400, wantMsg: "volumeMounts[0].name"},
 		{name: "egress proxy", path: "/v2/sandboxes", body: `{"templateID":"desktop","network":{"egressProxy":{"address":"p:1080"}}}`, wantStatus: 400, wantMsg: "egressProxy"},
 		{name: "partial deny list", path: "/v2/sandboxes", body: `{"templateID":"desktop","network":{"denyOut":["8.8.8.8"]}}`, wantStatus: 400, wantMsg: "can only deny all traffic"},
 		{name: "domain allowed under deny-all", path: "/v2/sandboxes", body: `{"templateID":"desktop","allow_internet_access":false,"network":{"allowOut":["example.com"]}}`, wantStatus: 400, wantMsg: "not by domain name"},
