@@ -184,6 +184,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	for _, v := range vols {
 		m.volumes[volumeKey(v.Owner, v.Name)] = v
 	}
+	m.sweepVolumeFiles()
 	if err := m.recover(ctx); err != nil {
 		cancel()
 		st.close()

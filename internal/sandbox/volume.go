@@ -324,3 +324,24 @@ func (m *Manager) reconcileVolumes() {
 		m.releaseVolumes(id)
 	}
 }
+
+// sweepVolumeFiles removes the files under DATADIR/volumes that no
+// volume record names: what a daemon killed while it made or deleted a
+// volume left. It runs at start, before any create.
+func (m *Manager) sweepVolumeFiles() {
+	files, _ := filepath.Glob(filepath.Join(m.cfg.DataDir, "volumes", "*", "*"))
+	known := make(map[string]bool, len(m.volumes))
+	for _, v := range m.volumes {
+		known[m.volumeFile(v.Owner, v.Name)] = true
+	}
+	for _, f := range files {
+		if known[f] {
+			continue
+		}
+		if err := os.Remove(f); err != nil {
+			m.log.Warn("remove orphan volume file", "file", f, "err", err)
+			continue
+		}
+		m.log.Info("removed a volume file no volume names", "file", f)
+	}
+}

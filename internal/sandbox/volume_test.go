@@ -180,8 +180,21 @@ func TestVolumes(t *testing.T) {
 	delete(d.boxes, sb3.ID)
 	d.mu.Unlock()
 	dead.crash()
+	// A file no volume names (a daemon killed while making one) goes.
+	stray := m.volumeFile(alice, "half-made")
+	if err := os.WriteFile(stray, []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	m2 := newTestManager(t, d, dir, wallClock{})
 	defer m2.Close()
+	if _, err := os.Stat(stray); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("an orphan volume file after restart: %v, want removed", err)
+	}
+	for _, name := range []string{"profile", "second"} {
+		if _, err := os.Stat(m2.volumeFile(alice, name)); err != nil {
+			t.Errorf("volume %s's file after restart: %v", name, err)
+		}
+	}
 	if vs := m2.ListVolumes(ctx, alice); len(vs) != 2 {
 		t.Fatalf("after restart alice has %+v", vs)
 	}
