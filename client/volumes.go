@@ -17,6 +17,8 @@ type Volume struct {
 	CreatedAt time.Time `json:"created_at"`
 	// AttachedTo is the sandbox that holds the volume now ("" when free).
 	AttachedTo string `json:"attached_to,omitempty"`
+	// UsedMB is the host disk the volume takes now (its file is sparse).
+	UsedMB int `json:"used_mb"`
 }
 
 var errEmptyVolume = errors.New("client: empty volume name")

@@ -74,7 +74,7 @@ func newDaemon(t *testing.T) *daemon {
 		_, _ = io.WriteString(w, "file contents")
 	})
 	mux.HandleFunc("POST /v1/sandboxes/abc123/view", jsonAnswer(200, `{"url":"http://h/view/abc123?token=t","expires_at":"2030-01-01T12:10:00Z"}`))
-	volJSON := `{"name":"profile","size_mb":1024,"created_at":"2030-01-01T10:00:00Z","attached_to":"abc123"}`
+	volJSON := `{"name":"profile","size_mb":1024,"used_mb":37,"created_at":"2030-01-01T10:00:00Z","attached_to":"abc123"}`
 	mux.HandleFunc("POST /v1/volumes", jsonAnswer(201, volJSON))
 	mux.HandleFunc("GET /v1/volumes", jsonAnswer(200, `{"volumes":[`+volJSON+`]}`))
 	mux.HandleFunc("GET /v1/volumes/profile", jsonAnswer(200, volJSON))
@@ -452,7 +452,7 @@ func TestVolumeCommands(t *testing.T) {
 		t.Errorf("create with a bad size: %+v", r)
 	}
 	r, _ = runCLI(t, d, nil, "", "volume", "ls")
-	if r.code != 0 || !strings.Contains(r.stdout, "NAME") || !strings.Contains(r.stdout, "profile  1024 MiB  2h") || !strings.Contains(r.stdout, "abc123") {
+	if r.code != 0 || !strings.Contains(r.stdout, "NAME") || !strings.Contains(r.stdout, "profile  1024 MiB  37 MiB  2h") || !strings.Contains(r.stdout, "abc123") {
 		t.Errorf("ls: %+v", r)
 	}
 	r, _ = runCLI(t, d, nil, "", "volume", "get", "profile", "--json")

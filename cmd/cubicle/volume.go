@@ -106,9 +106,9 @@ time. A new volume starts as a copy of what the image has at PATH.`,
 
 func printVolumeTable(w io.Writer, vs []client.Volume) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tSIZE\tAGE\tATTACHED TO")
+	fmt.Fprintln(tw, "NAME\tSIZE\tUSED\tAGE\tATTACHED TO")
 	for _, v := range vs {
-		fmt.Fprintf(tw, "%s\t%d MiB\t%s\t%s\n", v.Name, v.SizeMB, age(v.CreatedAt), orDash(v.AttachedTo))
+		fmt.Fprintf(tw, "%s\t%d MiB\t%d MiB\t%s\t%s\n", v.Name, v.SizeMB, v.UsedMB, age(v.CreatedAt), orDash(v.AttachedTo))
 	}
 	_ = tw.Flush()
 }

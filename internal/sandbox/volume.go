@@ -26,6 +26,8 @@ type Volume struct {
 	CreatedAt time.Time `json:"created_at"`
 	// AttachedTo is the sandbox that holds the volume now, if any.
 	AttachedTo string `json:"attached_to,omitempty"`
+	// UsedMB is the host disk the volume's sparse file takes now.
+	UsedMB int `json:"used_mb"`
 }
 
 // VolumeMount is one volume of a create: the volume's name and where the
@@ -105,8 +107,15 @@ type volume struct {
 
 func volumeKey(owner, name string) string { return owner + "\x00" + name }
 
-func (v *volume) view() Volume {
-	return Volume{Name: v.Name, SizeMB: v.SizeMB, CreatedAt: v.CreatedAt, AttachedTo: v.AttachedTo}
+// view is the API view of v; file is its filesystem image, whose blocks
+// say how much host disk it takes.
+func (v *volume) view(file string) Volume {
+	out := Volume{Name: v.Name, SizeMB: v.SizeMB, CreatedAt: v.CreatedAt, AttachedTo: v.AttachedTo}
+	var st syscall.Stat_t
+	if syscall.Stat(file, &st) == nil {
+		out.UsedMB = int((st.Blocks*512 + 1<<20 - 1) >> 20)
+	}
+	return out
 }
 
 // volumeFile is where a volume's filesystem image lives: DATADIR/volumes/
@@ -168,7 +177,7 @@ func (m *Manager) CreateVolume(ctx context.Context, owner, name string, sizeMB i
 	defer m.mu.Unlock()
 	v.creating = false
 	m.log.Info("volume created", "volume", name, "size_mb", sizeMB)
-	return v.view(), nil
+	return v.view(m.volumeFile(v.Owner, v.Name)), nil
 }
 
 // makeVolumeFile makes a sparse file of sizeMB holding an empty ext4
@@ -203,7 +212,7 @@ func (m *Manager) ListVolumes(ctx context.Context, owner string) []Volume {
 	var out []Volume
 	for _, v := range m.volumes {
 		if v.Owner == owner && !v.creating {
-			out = append(out, v.view())
+			out = append(out, v.view(m.volumeFile(v.Owner, v.Name)))
 		}
 	}
 	slices.SortFunc(out, func(a, b Volume) int { return strings.Compare(a.Name, b.Name) })
@@ -218,7 +227,7 @@ func (m *Manager) GetVolume(ctx context.Context, owner, name string) (Volume, er
 	if !ok || v.creating {
 		return Volume{}, errdefs.NotFound("volume %s not found", name)
 	}
-	return v.view(), nil
+	return v.view(m.volumeFile(v.Owner, v.Name)), nil
 }
 
 // DeleteVolume removes one of owner's volumes and its data. A volume a

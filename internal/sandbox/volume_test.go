@@ -51,8 +51,8 @@ func TestVolumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.Name != "profile" || v.SizeMB != 1024 || v.AttachedTo != "" {
-		t.Errorf("created %+v", v)
+	if v.Name != "profile" || v.SizeMB != 1024 || v.AttachedTo != "" || v.UsedMB <= 0 || v.UsedMB >= 64 {
+		t.Errorf("created %+v; want 1024 MiB, free, a few MiB used on the host", v)
 	}
 	var st syscall.Stat_t
 	if err := syscall.Stat(m.volumeFile(alice, "profile"), &st); err != nil {
