@@ -19,6 +19,8 @@ func FuzzParseCreateRequest(f *testing.F) {
 		`{"network":{"egress":"none"},"env":{"A":"b"},"metadata":{"k":"v"}}`,
 		`{"start_url":"https://example.org","timeout_seconds":60}`,
 		`{"network":{"egress":{"allow":[]}}}`,
+		`{"volumes":[{"name":"profile","path":"/home/user"},{"name":"data","path":"/data"}]}`,
+		`{"volumes":[{"name":"../v","path":"/proc"}]}`,
 		`[1,2]`, `null`, ``,
 	} {
 		f.Add([]byte(s))

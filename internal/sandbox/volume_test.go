@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -213,4 +214,42 @@ func TestVolumes(t *testing.T) {
 	if _, err := m2.GetVolume(ctx, alice, "second"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("deleted volume: %v", err)
 	}
+}
+
+// FuzzVolumeMounts checks the rules of a create's "volumes" on any
+// input: what is refused is a FieldError naming its field, and what is
+// accepted has valid names and absolute, clean paths, none reserved,
+// none inside another.
+func FuzzVolumeMounts(f *testing.F) {
+	f.Add("profile", "/home/user", "data", "/data")
+	f.Add("v", "/proc/x", "v", "/")
+	f.Add("../x", "home", "A", "/home/../etc")
+	f.Add("a", "/a", "b", "/a/b")
+	f.Fuzz(func(t *testing.T, n1, p1, n2, p2 string) {
+		vs := []VolumeMount{{Name: n1, Path: p1}, {Name: n2, Path: p2}}
+		err := checkVolumeMounts(vs)
+		if err != nil {
+			var fe *FieldError
+			if !errors.As(err, &fe) || fe.Field == "" || !strings.HasPrefix(err.Error(), fe.Field) {
+				t.Fatalf("error %#v is not a FieldError naming its field", err)
+			}
+			return
+		}
+		for _, v := range vs {
+			if CheckVolumeName("name", v.Name) != nil || strings.Contains(v.Name, "/") {
+				t.Fatalf("accepted the name %q", v.Name)
+			}
+			if !strings.HasPrefix(v.Path, "/") || filepath.Clean(v.Path) != v.Path || v.Path == "/" {
+				t.Fatalf("accepted the path %q", v.Path)
+			}
+			for _, r := range reservedPaths {
+				if v.Path == r || strings.HasPrefix(v.Path, r+"/") {
+					t.Fatalf("accepted the reserved path %q", v.Path)
+				}
+			}
+		}
+		if p1 == p2 || strings.HasPrefix(p1, p2+"/") || strings.HasPrefix(p2, p1+"/") || n1 == n2 {
+			t.Fatalf("accepted %+v: the same name, or one path inside the other", vs)
+		}
+	})
 }
