@@ -33,6 +33,12 @@ type Manager interface {
 	// SetTimeout sets a sandbox's expiry to seconds from now (0 = the
 	// daemon's maximum lifetime) and returns the sandbox.
 	SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
+	// Pause saves a running sandbox to disk (state "paused"); Resume
+	// brings a paused one back, expiring timeoutSeconds from then (0:
+	// with the running time it had left). ErrConflict for a sandbox in
+	// another state, ErrNotSupported for a backend that cannot pause.
+	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string, timeoutSeconds int) (sandbox.Sandbox, error)
 	// Agent returns the agent client of a running sandbox and marks it active
 	// (idle timer reset). errdefs.ErrNotFound for unknown ids, ErrConflict
 	// when not running.
@@ -219,6 +225,8 @@ func (s *server) routes() []route {
 		{pattern: "GET /v1/sandboxes/{id}", handler: s.getSandbox},
 		{pattern: "DELETE /v1/sandboxes/{id}", handler: s.deleteSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
+		{pattern: "POST /v1/sandboxes/{id}/pause", handler: s.pauseSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
 
 		{pattern: "POST /v1/volumes", handler: s.createVolume},
 		{pattern: "GET /v1/volumes", handler: s.listVolumes},

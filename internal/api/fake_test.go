@@ -152,6 +152,36 @@ func (m *fakeManager) Touch(context.Context, string) {
 	m.mu.Unlock()
 }
 
+func (m *fakeManager) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if sb.State != sandbox.StateRunning {
+		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	sb.State = sandbox.StatePaused
+	m.sandboxes[id] = sb
+	return sb, nil
+}
+
+func (m *fakeManager) Resume(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if sb.State != sandbox.StatePaused {
+		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	sb.State = sandbox.StateRunning
+	m.sandboxes[id] = sb
+	return sb, nil
+}
+
 func (m *fakeManager) SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error) {
 	m.mu.Lock()
 	m.lastTO = seconds

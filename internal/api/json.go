@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"mime"
@@ -39,6 +40,26 @@ func decodeJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 		return err
 	}
 	return decodeStrict(body, v)
+}
+
+// decodeOptionalJSON is decodeJSON for a body that may be left out: an
+// empty body leaves v as it is.
+func decodeOptionalJSON(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	body, err := readBody(w, r, limit)
+	if err != nil {
+		return err
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil
+	}
+	return decodeStrict(body, v)
+}
+
+// decodeOptionalEmpty accepts an empty body or an empty JSON object, and
+// refuses any member: an endpoint that takes no arguments.
+func decodeOptionalEmpty(w http.ResponseWriter, r *http.Request, limit int64) error {
+	var none struct{}
+	return decodeOptionalJSON(w, r, limit, &none)
 }
 
 // decodeStrict decodes exactly one JSON value into v the strict way (see

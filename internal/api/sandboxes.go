@@ -17,6 +17,7 @@ var (
 	states    = map[sandbox.State]bool{
 		sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
 		sandbox.StateStopped: true, sandbox.StateFailed: true,
+		sandbox.StatePausing: true, sandbox.StatePaused: true, sandbox.StateResuming: true,
 	}
 )
 
@@ -35,6 +36,7 @@ type createRequest struct {
 	Metadata           map[string]string   `json:"metadata"`
 	Network            *networkSpec        `json:"network"`
 	Volumes            []volumeMount       `json:"volumes"`
+	AutoPause          bool                `json:"auto_pause"`
 }
 
 // volumeMount is the wire form of one entry of "volumes".
@@ -107,6 +109,7 @@ func parseCreateRequest(body []byte) (sandbox.CreateRequest, error) {
 		StartURL:           in.StartURL,
 		Env:                in.Env,
 		Metadata:           in.Metadata,
+		AutoPause:          in.AutoPause,
 	}
 	if res := in.Resolution; res != nil {
 		out.Resolution = *res
@@ -251,6 +254,49 @@ func (s *server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sb, err := s.mgr.SetTimeout(r.Context(), id, *in.TimeoutSeconds)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := decodeOptionalEmpty(w, r, s.cfg.MaxBodyBytes); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sb, err := s.mgr.Pause(r.Context(), id)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var in struct {
+		TimeoutSeconds int `json:"timeout_seconds"`
+	}
+	if err := decodeOptionalJSON(w, r, s.cfg.MaxBodyBytes, &in); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := sandbox.CheckTimeout("timeout_seconds", in.TimeoutSeconds); err != nil {
+		s.writeError(w, r, invalidf("%s", err))
+		return
+	}
+	sb, err := s.mgr.Resume(r.Context(), id, in.TimeoutSeconds)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

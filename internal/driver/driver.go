@@ -100,6 +100,38 @@ type VolumeAttacher interface {
 	AttachesVolumes() bool
 }
 
+// Pauser is implemented by backends that can pause a box to disk: its
+// memory and device state are written next to its files and its
+// processes end, so a paused box holds no CPU and no memory; Resume
+// brings back exactly what was there, processes and all.
+type Pauser interface {
+	// CanPause returns nil, or why boxes of this backend cannot pause
+	// on this host (shown in GET /v1/info).
+	CanPause(ctx context.Context) error
+	// Pause saves box b and ends it. On success b is dead (its Wait is
+	// closed, its Stop does nothing) and Paused is what Resume and
+	// Discard take. On error b runs on as before when its Wait is
+	// open, and what the attempt wrote is removed.
+	Pause(ctx context.Context, b Box) (Paused, error)
+	// Resume starts the box saved as p and waits until its agent
+	// answers. On error nothing of the attempt is left and p is kept,
+	// so that Resume may be tried again.
+	Resume(ctx context.Context, p Paused) (Box, error)
+	// Discard removes what a paused box holds (its files). It is safe
+	// to call more than once.
+	Discard(ctx context.Context, p Paused) error
+}
+
+// ErrResumeLost is wrapped by a Resume that failed after the box ran
+// again: its saved state is behind its disk now and cannot be resumed.
+var ErrResumeLost = errors.New("the box ran again before its resume failed; its saved state is lost")
+
+// Paused is a box saved to disk by Pauser.Pause.
+type Paused struct {
+	State State // versioned, as Box.State; kept by the manager's store
+	Bytes int64 // what it takes on the host's disk
+}
+
 // Session is what belongs to one user's use of a box: today a box starts
 // with it; a box taken from a warm pool or forked from another gets a new
 // one in place.

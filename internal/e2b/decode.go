@@ -32,6 +32,9 @@ const (
 	// NewSandbox.timeout (v1) and NewSandboxV2.timeout / ConnectSandboxV2.timeout.
 	v1DefaultTimeout = 15
 	v2DefaultTimeout = 300
+	// v1DefaultResumeTimeout is the timeout of E2B's deprecated resume
+	// when its body has none (its ResumedSandbox default).
+	v1DefaultResumeTimeout = 15
 
 	// idleNever is the idle timeout of E2B sandboxes: out of reach, since
 	// E2B has no idle reaper (see the package doc).
@@ -87,9 +90,6 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 	if err != nil {
 		return createParams{}, err
 	}
-	if in.AutoPause != nil && *in.AutoPause {
-		return createParams{}, badRequestf("autoPause is not supported: cubicle cannot pause sandboxes, a sandbox is killed at its timeout")
-	}
 	volumes, err := volumeMounts(in.VolumeMounts)
 	if err != nil {
 		return createParams{}, err
@@ -107,6 +107,7 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 		Metadata:           in.Metadata,
 		Network:            network,
 		Volumes:            volumes,
+		AutoPause:          in.AutoPause != nil && *in.AutoPause,
 	})
 	if err != nil {
 		return createParams{}, inE2BWords(err)
@@ -185,6 +186,16 @@ func parseTimeoutBody(body []byte, required bool, def int) (int, error) {
 	return timeoutSeconds(in.Timeout, def)
 }
 
+// parsePauseBody decodes the optional body of POST .../pause. memory:
+// false asks for a pause that keeps only the files; cubicle always keeps
+// the memory too, which loses nothing the caller wanted.
+func parsePauseBody(body []byte) error {
+	var in struct {
+		Memory *bool `json:"memory"`
+	}
+	return decodeJSON(body, &in, true)
+}
+
 // timeoutSeconds validates an E2B timeout: int32 seconds, at least 0. E2B
 // reads 0 as "expire now" while cubicle's manager reads it as "the
 // maximum", so 0 becomes the smallest timeout the manager can express.
@@ -252,6 +263,7 @@ func truncate(s string, n int) string {
 type listQuery struct {
 	metadata     map[string]string // nil: no filter
 	running      bool              // running sandboxes were asked for
+	paused       bool              // paused sandboxes were asked for
 	template     string            // "": any
 	startedAfter time.Time         // zero: any
 	asc          bool              // oldest first (default newest first)
@@ -261,7 +273,7 @@ type listQuery struct {
 
 // parseListQuery decodes the query of GET /v2/sandboxes. Errors are 400s.
 func parseListQuery(q url.Values) (listQuery, error) {
-	out := listQuery{running: true, limit: maxListLimit}
+	out := listQuery{running: true, paused: true, limit: maxListLimit}
 	md, err := parseMetadataFilter(q.Get("metadata"))
 	if err != nil {
 		return listQuery{}, err
@@ -283,6 +295,7 @@ func parseListQuery(q url.Values) (listQuery, error) {
 	}
 	if len(states) > 0 {
 		out.running = slices.Contains(states, "running")
+		out.paused = slices.Contains(states, "paused")
 	}
 	out.template = q.Get("template")
 	if v := q.Get("startedAfter"); v != "" {

@@ -33,6 +33,9 @@ type fakeManager struct {
 	created    []sandbox.CreateRequest
 	timeouts   []int
 	destroyed  []string
+	paused     []string // ids Pause was called for
+	resumed    []int    // the timeouts Resume was called with
+	pauseErr   error    // what Pause answers, when set
 	createErr  error
 	getErr     error
 	panicOnGet bool
@@ -140,6 +143,42 @@ func (f *fakeManager) SetTimeout(ctx context.Context, id string, seconds int) (s
 		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
 	}
 	f.timeouts = append(f.timeouts, seconds)
+	sb.ExpiresAt = t0.Add(time.Duration(seconds) * time.Second)
+	f.sbs[id] = sb
+	return sb, nil
+}
+
+func (f *fakeManager) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if f.pauseErr != nil {
+		return sandbox.Sandbox{}, f.pauseErr
+	}
+	if sb.State != sandbox.StateRunning {
+		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	f.paused = append(f.paused, id)
+	sb.State = sandbox.StatePaused
+	f.sbs[id] = sb
+	return sb, nil
+}
+
+func (f *fakeManager) Resume(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sandbox.Sandbox{}, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if sb.State != sandbox.StatePaused {
+		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	f.resumed = append(f.resumed, seconds)
+	sb.State = sandbox.StateRunning
 	sb.ExpiresAt = t0.Add(time.Duration(seconds) * time.Second)
 	f.sbs[id] = sb
 	return sb, nil

@@ -136,7 +136,8 @@ func (s *Server) connectV2(w http.ResponseWriter, r *http.Request) {
 
 // connect answers 200 with the sandbox of a running one, extending its
 // expiry when the requested timeout reaches further (E2B only extends on
-// connect). Nothing can be resumed, so everything else is 404.
+// connect), and 201 with a paused one it resumed, expiring timeout from
+// then.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request, required bool) {
 	body, err := readBody(w, r, maxBodyBytes)
 	if err != nil {
@@ -152,6 +153,14 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, required bool) 
 	if !ok {
 		return
 	}
+	if paused(sb.State) {
+		if sb, err = s.resumeSandbox(r, sb.ID, seconds); err != nil {
+			writeError(w, s.log, r, err)
+			return
+		}
+		writeJSON(w, http.StatusCreated, s.sandboxBody(sb, ""))
+		return
+	}
 	if !sb.ExpiresAt.IsZero() && s.now().Add(secondsDuration(seconds)).After(sb.ExpiresAt) {
 		if sb, err = s.extend(r, sb.ID, seconds); err != nil {
 			writeError(w, s.log, r, err)
@@ -161,22 +170,76 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request, required bool) 
 	writeJSON(w, http.StatusOK, s.sandboxBody(sb, ""))
 }
 
-func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.lookup(w, r); !ok {
-		return
+// resumeSandbox resumes a paused sandbox to expire seconds from now. One
+// that is resuming already is waited for (the manager's resume refuses
+// it; the caller only wants it running).
+func (s *Server) resumeSandbox(r *http.Request, id string, seconds int) (sandbox.Sandbox, error) {
+	sb, err := s.mgr.Resume(r.Context(), id, seconds)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return sandbox.Sandbox{}, notFound(id)
 	}
-	writeError(w, s.log, r, statusErrorf(http.StatusNotImplemented,
-		"pausing is not supported by cubicle: the sandbox keeps running; kill it, or extend it with setTimeout"))
+	if err != nil {
+		return sandbox.Sandbox{}, fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	return sb, nil
 }
 
-// resume is the deprecated resume: a live sandbox is already running, which
-// E2B answers with 409, and nothing else can be resumed.
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+// pause answers 204 once a running sandbox is paused, and 409 for one
+// that is paused already (the SDK's pause() returns false then).
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	if err := parsePauseBody(body); err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
 	sb, ok := s.lookup(w, r)
 	if !ok {
 		return
 	}
-	writeError(w, s.log, r, statusErrorf(http.StatusConflict, "sandbox %q is already running", sb.ID))
+	if paused(sb.State) {
+		writeError(w, s.log, r, statusErrorf(http.StatusConflict, "sandbox %q is already paused", sb.ID))
+		return
+	}
+	if _, err := s.mgr.Pause(r.Context(), sb.ID); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = notFound(sb.ID)
+		}
+		writeError(w, s.log, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// resume is the deprecated resume: 201 with the sandbox of a paused one
+// it resumed, 409 for one already running.
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	seconds, err := parseTimeoutBody(body, false, v1DefaultResumeTimeout)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	if !paused(sb.State) {
+		writeError(w, s.log, r, statusErrorf(http.StatusConflict, "sandbox %q is already running", sb.ID))
+		return
+	}
+	if sb, err = s.resumeSandbox(r, sb.ID, seconds); err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, ""))
 }
 
 func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
@@ -219,7 +282,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, r, err)
 		return
 	}
-	sbs := s.running(r, listQuery{metadata: md, running: true})
+	sbs := s.running(r, listQuery{metadata: md, running: true, paused: true})
 	out := make([]listedSandbox, len(sbs))
 	for i, sb := range sbs {
 		out[i] = s.listed(sb)
@@ -237,13 +300,8 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := []listedSandbox{}
-	if !q.running {
-		// Only paused ones were asked for, and cubicle has none.
-		writeJSON(w, http.StatusOK, out)
-		return
-	}
 	sbs := s.running(r, q)
-	w.Header().Set("X-Total-Running", strconv.Itoa(len(sbs)))
+	w.Header().Set("X-Total-Running", strconv.Itoa(len(sbs)-countFunc(sbs, func(sb sandbox.Sandbox) bool { return paused(sb.State) })))
 	if q.after != nil {
 		c := sandbox.Sandbox{ID: q.after.id, CreatedAt: q.after.created}
 		sbs = slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool { return compareListed(sb, c, q.asc) <= 0 })
@@ -268,6 +326,7 @@ func (s *Server) running(r *http.Request, q listQuery) []sandbox.Sandbox {
 	return slices.SortedFunc(func(yield func(sandbox.Sandbox) bool) {
 		for _, sb := range all {
 			if !live(sb.State) || !hasMetadata(sb, q.metadata) ||
+				paused(sb.State) && !q.paused || !paused(sb.State) && !q.running ||
 				want != "" && sb.Template != want ||
 				!q.startedAfter.IsZero() && sb.CreatedAt.Before(q.startedAfter) {
 				continue
@@ -308,4 +367,15 @@ func compareListed(a, b sandbox.Sandbox, asc bool) int {
 		return 1
 	}
 	return 0
+}
+
+// countFunc counts the elements of s for which f is true.
+func countFunc[T any](s []T, f func(T) bool) int {
+	n := 0
+	for _, v := range s {
+		if f(v) {
+			n++
+		}
+	}
+	return n
 }

@@ -79,7 +79,7 @@ func TestListV2(t *testing.T) {
 		{name: "oldest first", query: "order=asc", want: []string{"sb00", "sb01", "sb02", "sb03", "sb04", "sb05", "sb06", "sb07", "sb08", "sb09", "sb10"}, wantTotal: "11"},
 		{name: "state running,paused", query: "state=running,paused", want: []string{"sb09", "sb10", "sb08", "sb07", "sb06", "sb05", "sb04", "sb03", "sb02", "sb01", "sb00"}, wantTotal: "11"},
 		{name: "state repeated", query: "state=paused&state=running&limit=1", want: []string{"sb09"}, wantTotal: "11", wantNext: true},
-		{name: "only paused: none", query: "state=paused", want: []string{}},
+		{name: "only paused: none", query: "state=paused", want: []string{}, wantTotal: "0"},
 		{name: "metadata as the JS SDK sends it", query: jsMetadataQuery("parity", "odd"), want: []string{"sb09", "sb07", "sb05", "sb03", "sb01"}, wantTotal: "5"},
 		{name: "metadata with reserved characters", query: jsMetadataQuery("user name", "a&b=c d", "parity", "odd"), want: []string{"sb03"}, wantTotal: "1"},
 		{name: "metadata encoded once", query: "metadata=" + url.QueryEscape("parity=even"), want: []string{"sb10", "sb08", "sb06", "sb04", "sb02", "sb00"}, wantTotal: "6"},

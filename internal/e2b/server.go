@@ -28,6 +28,10 @@ type Manager interface {
 	// SetTimeout sets a running sandbox's expiry to seconds from now
 	// (0 = the daemon's maximum, which this package never asks for).
 	SetTimeout(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
+	// Pause saves a running sandbox to disk; Resume brings a paused one
+	// back, expiring seconds from then.
+	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
 }
 
 // Config configures a Server. Zero values get the defaults noted.

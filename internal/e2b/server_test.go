@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -252,7 +253,15 @@ func TestCreate(t *testing.T) {
 		{name: "env value with NUL", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":{"A":"x\u0000y"}}`, wantStatus: 400, wantMsg: "NUL byte"},
 		{name: "env value not a string", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":{"A":1}}`, wantStatus: 400, wantMsg: "wrong type"},
 		{name: "empty metadata key", path: "/v2/sandboxes", body: `{"templateID":"desktop","metadata":{"":"v"}}`, wantStatus: 400, wantMsg: "not a valid key"},
-		{name: "autoPause", path: "/v2/sandboxes", body: `{"templateID":"desktop","autoPause":true}`, wantStatus: 400, wantMsg: "cannot pause"},
+		{
+			name: "autoPause", path: "/v2/sandboxes", body: `{"templateID":"desktop","autoPause":true}`,
+			wantStatus: 201, template: "desktop",
+			check: func(t *testing.T, req sandbox.CreateRequest) {
+				if !req.AutoPause {
+					t.Error("autoPause: true did not reach the manager as AutoPause")
+				}
+			},
+		},
 		{
 			name: "volume mounts", path: "/v2/sandboxes", body: `{"templateID":"desktop","volumeMounts":[{"name":"profile","path":"/home/user"}]}`,
 			wantStatus: 201, template: "desktop",
@@ -591,7 +600,6 @@ func TestPauseResumeMetricsLogs(t *testing.T) {
 		wantBody           string // for successes: the exact JSON
 		wantMsg            string // for errors
 	}{
-		{name: "pause is not implemented", method: "POST", path: "/sandboxes/sb1/pause", status: 501, wantMsg: "pausing is not supported"},
 		{name: "pause unknown", method: "POST", path: "/sandboxes/nope/pause", status: 404, wantMsg: "not found"},
 		{name: "resume of a running sandbox", method: "POST", path: "/sandboxes/sb1/resume", status: 409, wantMsg: "already running"},
 		{name: "resume unknown", method: "POST", path: "/sandboxes/nope/resume", status: 404, wantMsg: "not found"},
@@ -625,6 +633,79 @@ func TestPauseResumeMetricsLogs(t *testing.T) {
 				t.Errorf("Content-Type %q", ct)
 			}
 		})
+	}
+}
+
+// TestPause checks pause, the deprecated resume and connect against the
+// states a sandbox can be in, with E2B's statuses: 204 for a pause, 409
+// for a pause of a paused sandbox (the SDK's pause() then returns
+// false), 201 for a resume or a connect that resumed, 200 for a connect
+// to a running one, 501 where the backend cannot pause.
+func TestPause(t *testing.T) {
+	tests := []struct {
+		name, method, path, body string
+		state                    sandbox.State
+		pauseErr                 error
+		status                   int
+		wantMsg                  string
+		wantState                sandbox.State // of sb1 afterwards
+		wantResumed              []int
+	}{
+		{name: "pause", method: "POST", path: "/sandboxes/sb1/pause", state: sandbox.StateRunning, status: 204, wantState: sandbox.StatePaused},
+		{name: "pause with memory", method: "POST", path: "/sandboxes/sb1/pause", body: `{"memory":true}`, state: sandbox.StateRunning, status: 204, wantState: sandbox.StatePaused},
+		{name: "pause bad body", method: "POST", path: "/sandboxes/sb1/pause", body: `{"memory":"yes"}`, state: sandbox.StateRunning, status: 400, wantMsg: "memory", wantState: sandbox.StateRunning},
+		{name: "pause paused", method: "POST", path: "/sandboxes/sb1/pause", state: sandbox.StatePaused, status: 409, wantMsg: "already paused", wantState: sandbox.StatePaused},
+		{name: "pause unsupported", method: "POST", path: "/sandboxes/sb1/pause", state: sandbox.StateRunning,
+			pauseErr: errdefs.New(errdefs.ErrNotSupported, "the firecracker backend cannot pause sandboxes"), status: 501, wantMsg: "cannot pause", wantState: sandbox.StateRunning},
+		{name: "resume paused", method: "POST", path: "/sandboxes/sb1/resume", body: `{"timeout":60}`, state: sandbox.StatePaused, status: 201, wantState: sandbox.StateRunning, wantResumed: []int{60}},
+		{name: "resume paused, no body", method: "POST", path: "/sandboxes/sb1/resume", state: sandbox.StatePaused, status: 201, wantState: sandbox.StateRunning, wantResumed: []int{15}},
+		{name: "connect paused", method: "POST", path: "/sandboxes/sb1/connect", body: `{"timeout":120}`, state: sandbox.StatePaused, status: 201, wantState: sandbox.StateRunning, wantResumed: []int{120}},
+		{name: "connect v2 paused", method: "POST", path: "/v2/sandboxes/sb1/connect", state: sandbox.StatePaused, status: 201, wantState: sandbox.StateRunning, wantResumed: []int{300}},
+		{name: "connect running", method: "POST", path: "/sandboxes/sb1/connect", body: `{"timeout":120}`, state: sandbox.StateRunning, status: 200, wantState: sandbox.StateRunning},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, f := newTestServer(t, nil)
+			sb := running("sb1")
+			sb.State = tt.state
+			f.add(sb)
+			f.pauseErr = tt.pauseErr
+			rec := do(t, s, tt.method, tt.path, tt.body, nil)
+			if tt.status >= 400 {
+				checkError(t, rec.Code, rec.Body.Bytes(), tt.status, tt.wantMsg)
+			} else if rec.Code != tt.status {
+				t.Fatalf("status %d, want %d (body %s)", rec.Code, tt.status, rec.Body)
+			}
+			if tt.status == 201 || tt.status == 200 {
+				if m := decodeObject(t, rec.Body.Bytes()); m["sandboxID"] != "sb1" {
+					t.Errorf("body %v, want the Sandbox sb1", m)
+				}
+			}
+			got, _ := f.Get(context.Background(), "sb1")
+			if got.State != tt.wantState {
+				t.Errorf("sb1 is %s afterwards, want %s", got.State, tt.wantState)
+			}
+			if diff := cmp.Diff(tt.wantResumed, f.resumed); diff != "" {
+				t.Errorf("Resume calls (-want +got):\n%s", diff)
+			}
+		})
+	}
+	// A paused sandbox is listed and shown as paused, and filtered so.
+	s, f := newTestServer(t, nil)
+	f.add(running("sbrun"))
+	p := running("sbpaused")
+	p.State = sandbox.StatePaused
+	f.add(p)
+	for query, want := range map[string]string{"state=paused": "sbpaused", "state=running": "sbrun"} {
+		rec := do(t, s, "GET", "/v2/sandboxes?"+query, "", nil)
+		items := decodeArray(t, rec.Body.Bytes())
+		if len(items) != 1 || items[0]["sandboxID"] != want {
+			t.Errorf("list %s: %v, want only %s", query, items, want)
+		}
+	}
+	rec := do(t, s, "GET", "/sandboxes/sbpaused", "", nil)
+	if m := decodeObject(t, rec.Body.Bytes()); m["state"] != "paused" {
+		t.Errorf("get of a paused sandbox: state %v, want paused", m["state"])
 	}
 }
 

@@ -83,7 +83,25 @@ func resources(backend string) (cpus, memoryMB int) {
 // live reports whether a sandbox exists for this API: E2B has no stopping
 // or stopped sandboxes, only running (and paused) ones.
 func live(st sandbox.State) bool {
-	return st == sandbox.StateStarting || st == sandbox.StateRunning
+	switch st {
+	case sandbox.StateStarting, sandbox.StateRunning, sandbox.StatePausing, sandbox.StatePaused, sandbox.StateResuming:
+		return true
+	}
+	return false
+}
+
+// paused reports whether a live sandbox shows as "paused": one pausing
+// is paused as far as its caller can tell, one resuming not yet running.
+func paused(st sandbox.State) bool {
+	return st == sandbox.StatePausing || st == sandbox.StatePaused || st == sandbox.StateResuming
+}
+
+// e2bState is the state E2B shows for a live sandbox.
+func e2bState(st sandbox.State) string {
+	if paused(st) {
+		return "paused"
+	}
+	return "running"
 }
 
 // e2bTemplate is the E2B name shown for a cubicle template.
@@ -142,7 +160,7 @@ func (s *Server) listed(sb sandbox.Sandbox) listedSandbox {
 		CPUCount:    cpus,
 		MemoryMB:    mem,
 		Metadata:    md,
-		State:       "running",
+		State:       e2bState(sb.State),
 		EnvdVersion: s.cfg.EnvdVersion,
 	}
 }
@@ -153,9 +171,17 @@ func (s *Server) detail(sb sandbox.Sandbox) sandboxDetail {
 		listedSandbox:   s.listed(sb),
 		EnvdAccessToken: AccessToken(s.cfg.TokenKey, sb.ID),
 		Domain:          s.domain(),
-		Lifecycle:       lifecycle{AutoResume: false, OnTimeout: "kill"},
+		Lifecycle:       lifecycle{AutoResume: false, OnTimeout: onTimeout(sb)},
 	}
 }
 
 // secondsDuration converts E2B seconds to a duration.
 func secondsDuration(s int) time.Duration { return time.Duration(s) * time.Second }
+
+// onTimeout is what E2B says happens to sb at its timeout.
+func onTimeout(sb sandbox.Sandbox) string {
+	if sb.AutoPause {
+		return "pause"
+	}
+	return "kill"
+}

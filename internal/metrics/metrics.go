@@ -17,6 +17,9 @@ type Metrics struct {
 	Capacity           prometheus.Gauge         // max sandboxes
 	CreateDuration     *prometheus.HistogramVec // backend
 	CreateFailures     *prometheus.CounterVec   // backend
+	PauseDuration      *prometheus.HistogramVec // backend
+	ResumeDuration     *prometheus.HistogramVec // backend
+	PauseFailures      *prometheus.CounterVec   // backend: failed pauses and resumes
 	ScreenshotDuration *prometheus.HistogramVec // format
 	ActionDuration     *prometheus.HistogramVec // type
 	ExecDuration       prometheus.Histogram
@@ -49,6 +52,17 @@ func New() *Metrics {
 		}, []string{"backend"}),
 		CreateFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "cubicle_create_failures_total", Help: "Failed sandbox creations.",
+		}, []string{"backend"}),
+		PauseDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cubicle_pause_duration_seconds", Help: "Time to pause a sandbox to disk.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}, []string{"backend"}),
+		ResumeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cubicle_resume_duration_seconds", Help: "Time to resume a paused sandbox until its agent answers.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+		}, []string{"backend"}),
+		PauseFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_pause_failures_total", Help: "Failed pauses and resumes.",
 		}, []string{"backend"}),
 		ScreenshotDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cubicle_screenshot_duration_seconds", Help: "Screenshot latency seen by the API.",
@@ -86,6 +100,7 @@ func New() *Metrics {
 	}
 	m.Registry.MustRegister(
 		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
+		m.PauseDuration, m.ResumeDuration, m.PauseFailures,
 		m.ScreenshotDuration, m.ActionDuration, m.ExecDuration, m.Reaped,
 		m.NetpoolFree, m.HTTPRequests,
 		m.ViewConnections, m.ViewBytes, m.ViewInputDropped, m.InFlightRefused,

@@ -60,10 +60,13 @@ type Config struct {
 	MaxVolumeMB        int
 	MaxVolumesPerOwner int
 	MaxLifetime        time.Duration // default 60 min; < 0 = unlimited
-	ReadyTimeout       time.Duration // default 90 s: create → desktop ready
-	Retention          time.Duration // how long stopped/failed records stay listed; default 10 min
-	ReapInterval       time.Duration // default 1 s
-	Clock              Clock
+	// PausedLifetime is how long a paused sandbox is kept before it is
+	// destroyed (default DefaultPausedLifetime; < 0 = unlimited).
+	PausedLifetime time.Duration
+	ReadyTimeout   time.Duration // default 90 s: create → desktop ready
+	Retention      time.Duration // how long stopped/failed records stay listed; default 10 min
+	ReapInterval   time.Duration // default 1 s
+	Clock          Clock
 	// Network gives sandboxes a network; nil means none at all (loopback
 	// only), and requests asking for egress are refused.
 	Network NetPool
@@ -114,6 +117,11 @@ type entry struct {
 	ending     chan struct{} // closed when teardown begins: live viewers leave
 	stopped    chan struct{} // closed when teardown has finished
 	failErr    error         // why the start failed (set before started closes)
+	// op serializes what changes the box under the entry: pause,
+	// resume and teardown. paused is the saved box of a paused sandbox
+	// (box is nil then).
+	op     sync.Mutex
+	paused *driver.Paused
 	// stopFailed is set when teardown could not free everything; each
 	// reaper pass tries again (retrying, while one runs) until it can.
 	stopFailed, retrying bool
@@ -130,6 +138,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	if cfg.MaxLifetime == 0 {
 		cfg.MaxLifetime = 60 * time.Minute
+	}
+	if cfg.PausedLifetime == 0 {
+		cfg.PausedLifetime = DefaultPausedLifetime
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 90 * time.Second
@@ -234,12 +245,35 @@ func (m *Manager) recover(ctx context.Context) error {
 	}
 	adopted := m.adoptAll(ctx, recs)
 	keep := make(map[string]map[string]bool) // backend → ids
+	var resume []string                      // paused sandboxes whose resume was cut short
 	for _, r := range recs {
 		id := r.Sandbox.ID
 		log := m.log.With("sandbox", id)
 		switch r.Sandbox.State {
 		case StateStopped, StateFailed:
 			m.entries[id] = &entry{rec: r, started: closedChan(), ending: closedChan(), stopped: closedChan()}
+			continue
+		}
+		if st := r.Sandbox.State; (st == StatePaused || st == StateResuming) && r.DriverState != nil {
+			// Saved on disk: kept as it is. A resume the daemon's end
+			// cut short is done again (the driver finds the box it
+			// may have started).
+			if st == StateResuming {
+				if err := r.move(StatePaused); err != nil {
+					return err
+				}
+				if err := m.store.put(r); err != nil {
+					return err
+				}
+				resume = append(resume, id)
+			}
+			m.entries[id] = &entry{rec: r, paused: &driver.Paused{State: *r.DriverState, Bytes: r.Sandbox.PausedBytes},
+				lastActive: r.Sandbox.LastActiveAt, started: closedChan(), ending: make(chan struct{}), stopped: make(chan struct{})}
+			if keep[r.Sandbox.Backend] == nil {
+				keep[r.Sandbox.Backend] = make(map[string]bool)
+			}
+			keep[r.Sandbox.Backend][id] = true
+			log.Info("kept paused sandbox", "backend", r.Sandbox.Backend)
 			continue
 		}
 		box := adopted[id]
@@ -277,6 +311,16 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.entries[id] = &entry{rec: r, started: closedChan(), ending: closedChan(), stopped: closedChan()}
 			continue
 		}
+		if r.Sandbox.State == StatePausing {
+			// The pause did not finish; the driver's Adopt made the
+			// box run on.
+			if err := r.move(StateRunning); err != nil {
+				return err
+			}
+			if err := m.store.put(r); err != nil {
+				return err
+			}
+		}
 		e := &entry{rec: r, box: box, lastActive: r.Sandbox.LastActiveAt, started: closedChan(), ending: make(chan struct{}), stopped: make(chan struct{})}
 		e.client = agentclient.New(box.DialAgent, r.Token)
 		m.entries[id] = e
@@ -309,6 +353,15 @@ func (m *Manager) recover(ctx context.Context) error {
 		m.updateNetGauge()
 	}
 	m.updateGauges()
+	for _, id := range resume {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			if _, err := m.Resume(m.ctx, id, 0); err != nil {
+				m.log.Warn("resume again a sandbox that was resuming when the daemon stopped", "sandbox", id, "err", err)
+			}
+		}()
+	}
 	return nil
 }
 
@@ -327,7 +380,7 @@ func (m *Manager) adoptAll(ctx context.Context, recs []*record) map[string]drive
 	)
 	for _, r := range recs {
 		d, ok := m.cfg.Drivers[r.Sandbox.Backend]
-		if !ok || r.DriverState == nil || r.Sandbox.State != StateRunning {
+		if !ok || r.DriverState == nil || (r.Sandbox.State != StateRunning && r.Sandbox.State != StatePausing) {
 			continue
 		}
 		wg.Add(1)
@@ -484,6 +537,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 			return Sandbox{}, errdefs.New(errdefs.ErrNotSupported, "backend %s cannot attach volumes yet; gvisor, runc and qemu can", d.Name())
 		}
 	}
+	if req.AutoPause {
+		if _, err := m.pauser(ctx, d.Name()); err != nil {
+			return Sandbox{}, errdefs.New(errdefs.ErrNotSupported, "auto_pause: %s; the sandbox would be destroyed at its timeout instead", errdefs.UserMessage(err))
+		}
+	}
 	if req.Template == "" {
 		req.Template = "desktop"
 	}
@@ -511,6 +569,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 			ID: newID(), State: StateStarting, Template: req.Template,
 			Backend: d.Name(), Isolation: d.Isolation(), Resolution: req.Resolution,
 			CreatedAt: now, LastActiveAt: now, Metadata: req.Metadata, Volumes: req.Volumes,
+			AutoPause: req.AutoPause,
 		},
 		Request: req, Token: newToken(), IdleTimeout: idle,
 	}
@@ -751,13 +810,22 @@ func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box) (desk
 
 // watch reaps the sandbox as soon as its box dies.
 func (m *Manager) watch(e *entry) {
+	box := e.box
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
 		select {
-		case <-e.box.Wait():
+		case <-box.Wait():
 			if isClosed(e.ending) {
 				return // stopped on purpose: teardown closed ending first
+			}
+			m.mu.Lock()
+			s, current := e.rec.Sandbox.State, e.box == box
+			m.mu.Unlock()
+			if !current || s == StatePausing || s == StatePaused || s == StateResuming {
+				// Paused on purpose (a failed pause that killed the
+				// box is torn down by Pause), or a box of before.
+				return
 			}
 			m.log.Warn("sandbox died", "sandbox", e.rec.Sandbox.ID)
 			m.teardown(e, "dead")
@@ -788,15 +856,17 @@ func (m *Manager) teardown(e *entry, reason string) {
 			log.Warn("persist stopping", "err", err)
 		}
 		<-e.started // a start in progress sees the state change and cleans up itself
+		e.op.Lock() // a pause or resume in progress ends first, and says what is left
+		defer e.op.Unlock()
 		var err error
-		if e.client != nil && len(e.rec.Request.Volumes) > 0 && !isClosed(e.box.Wait()) {
+		if e.client != nil && e.box != nil && len(e.rec.Request.Volumes) > 0 && !isClosed(e.box.Wait()) {
 			m.shutdownGracefully(e)
 		}
 		if e.client != nil {
 			e.client.Close()
 		}
-		if e.box != nil {
-			err = e.box.Stop(context.WithoutCancel(m.ctx))
+		if e.box != nil || e.paused != nil {
+			err = m.freeBox(e)
 			// The network goes after the box, on every path; a start
 			// that failed or was cancelled has detached its own.
 			if m.cfg.Network != nil {
@@ -811,7 +881,7 @@ func (m *Manager) teardown(e *entry, reason string) {
 		if err != nil {
 			_ = m.transitionLocked(e, StateFailed) // stopping → failed
 			e.rec.Sandbox.Error = "stop: " + err.Error()
-			e.stopFailed = e.box != nil
+			e.stopFailed = e.box != nil || e.paused != nil
 			log.Error("stop sandbox; the reaper will try again", "err", err)
 		} else {
 			_ = m.transitionLocked(e, StateStopped) // stopping → stopped
@@ -833,6 +903,19 @@ func (m *Manager) teardown(e *entry, reason string) {
 		}
 	})
 	<-e.stopped
+}
+
+// freeBox stops e's box, or discards its saved one when it is paused.
+func (m *Manager) freeBox(e *entry) error {
+	ctx := context.WithoutCancel(m.ctx)
+	if e.box != nil {
+		return e.box.Stop(ctx)
+	}
+	p, ok := m.cfg.Drivers[e.rec.Sandbox.Backend].(driver.Pauser)
+	if !ok {
+		return fmt.Errorf("backend %s cannot discard a paused box", e.rec.Sandbox.Backend)
+	}
+	return p.Discard(ctx, *e.paused)
 }
 
 // shutdownGrace bounds the agent's Shutdown: the session's programs get
@@ -998,6 +1081,10 @@ func (m *Manager) Backends(ctx context.Context) []BackendInfo {
 	for _, n := range names {
 		d := m.cfg.Drivers[n]
 		bi := BackendInfo{Name: n, Isolation: d.Isolation(), Available: true}
+		if va, ok := d.(driver.VolumeAttacher); ok {
+			bi.Capabilities.Volumes = va.AttachesVolumes()
+		}
+		bi.Capabilities.Pause, bi.Capabilities.PauseReason = m.PauseInfo(ctx, n)
 		if err := m.available(ctx, d); err != nil {
 			bi.Available, bi.Reason = false, err.Error()
 		} else if err := probe(ctx, d); err != nil {
@@ -1103,7 +1190,7 @@ func (m *Manager) updateGauges() {
 }
 
 // allStates are the states the sandbox gauge reports for every backend.
-var allStates = []State{StateStarting, StateRunning, StateStopping, StateStopped, StateFailed}
+var allStates = []State{StateStarting, StateRunning, StatePausing, StatePaused, StateResuming, StateStopping, StateStopped, StateFailed}
 
 // updateGaugesLocked sets cubicle_sandboxes to the current counts. Each
 // series is set in place, never cleared first, so a scrape that runs

@@ -48,12 +48,18 @@ func (m *Manager) Reap() {
 				victims = append(victims, victim{e, "expired"})
 			case e.rec.IdleTimeout > 0 && now.Sub(e.lastActive) >= e.rec.IdleTimeout:
 				victims = append(victims, victim{e, "idle"})
+				e.lastActive = now // an auto-pause that fails is not retried every pass
 			case !e.lastActive.Equal(sb.LastActiveAt) && now.Sub(sb.LastActiveAt) > 10*time.Second:
 				// Activity is kept in memory on the hot path and written
 				// out here, at most every few seconds per sandbox.
 				sb.LastActiveAt = e.lastActive
 				r := *e.rec
 				dirty = append(dirty, &r)
+			}
+		case StatePaused:
+			// Never idle: a paused sandbox has its own lifetime.
+			if !sb.ExpiresAt.IsZero() && !now.Before(sb.ExpiresAt) {
+				victims = append(victims, victim{e, "paused_expired"})
 			}
 		case StateStopped, StateFailed:
 			if e.stopFailed && !e.retrying {
@@ -89,6 +95,11 @@ func (m *Manager) Reap() {
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
+			if v.reason != "paused_expired" && v.e.rec.Request.AutoPause {
+				if m.autoPause(v.e, v.reason) {
+					return
+				}
+			}
 			m.teardown(v.e, v.reason)
 		}()
 	}
@@ -100,7 +111,9 @@ func (m *Manager) Reap() {
 func (m *Manager) retryStop(e *entry) {
 	id := e.rec.Sandbox.ID
 	ctx := context.WithoutCancel(m.ctx)
-	err := e.box.Stop(ctx)
+	e.op.Lock()
+	err := m.freeBox(e)
+	e.op.Unlock()
 	if m.cfg.Network != nil {
 		if derr := m.cfg.Network.Detach(ctx, id); derr != nil {
 			err = errors.Join(err, fmt.Errorf("detach network: %w", derr))
@@ -124,4 +137,19 @@ func (m *Manager) retryStop(e *entry) {
 	}
 	m.releaseVolumes(id)
 	m.log.Info("sandbox stopped on a later try; everything it held is freed", "sandbox", id)
+}
+
+// autoPause pauses a sandbox created with auto_pause whose lifetime or
+// idle timer ran out, and reports whether it did; when it cannot (its
+// backend cannot pause, or the pause failed), the reaper destroys it as
+// it would any other.
+func (m *Manager) autoPause(e *entry, reason string) bool {
+	id := e.rec.Sandbox.ID
+	if _, err := m.Pause(m.ctx, id); err != nil {
+		m.log.Warn("auto-pause failed; the sandbox is destroyed", "sandbox", id, "reason", reason, "err", err)
+		return false
+	}
+	m.m.Reaped.WithLabelValues("paused_" + reason).Inc()
+	m.log.Info("sandbox auto-paused", "sandbox", id, "reason", reason)
+	return true
 }

@@ -16,8 +16,11 @@ type record struct {
 	Request     CreateRequest
 	Token       string
 	IdleTimeout time.Duration
-	DriverState *driver.State
+	DriverState *driver.State // of the running box, or of the paused one
 	StoppedAt   time.Time
+	// Life is, while paused, the running time the sandbox had left when
+	// it paused (-1: no limit), given back when it resumes.
+	Life time.Duration
 }
 
 // recordVersion is the version of the stored record this daemon writes.
@@ -49,6 +52,9 @@ type storedRecord struct {
 	IdleTimeoutMS int64             `json:"idle_ms"`
 	StoppedAt     time.Time         `json:"stopped,omitzero"`
 	Driver        *storedDriver     `json:"driver,omitempty"`
+	PausedAt      time.Time         `json:"paused,omitzero"`
+	PausedBytes   int64             `json:"paused_bytes,omitempty"`
+	LifeMS        int64             `json:"life_ms,omitempty"`
 	Request       storedRequest     `json:"request"`
 }
 
@@ -77,6 +83,7 @@ type storedRequest struct {
 	Allow              []string          `json:"allow,omitempty"`
 	Owner              string            `json:"owner,omitempty"`
 	Volumes            []storedMount     `json:"volumes,omitempty"`
+	AutoPause          bool              `json:"auto_pause,omitempty"`
 }
 
 // storedMount is a VolumeMount in the store.
@@ -95,12 +102,13 @@ func encodeRecord(r *record) ([]byte, error) {
 		CreatedAt: sb.CreatedAt, ExpiresAt: sb.ExpiresAt, LastActiveAt: sb.LastActiveAt,
 		Metadata: sb.Metadata, IP: sb.IP, Desktop: sb.Desktop, Error: sb.Error,
 		Token: r.Token, IdleTimeoutMS: r.IdleTimeout.Milliseconds(), StoppedAt: r.StoppedAt,
+		PausedAt: sb.PausedAt, PausedBytes: sb.PausedBytes, LifeMS: r.Life.Milliseconds(),
 		Request: storedRequest{
 			Template: q.Template, Backend: q.Backend, Width: q.Resolution.Width, Height: q.Resolution.Height,
 			DPI: q.DPI, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
 			TimeoutSeconds: q.TimeoutSeconds, IdleTimeoutSeconds: q.IdleTimeoutSeconds,
 			StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
-			Egress: q.Network.Egress, Allow: q.Network.Allow, Owner: q.Owner,
+			Egress: q.Network.Egress, Allow: q.Network.Allow, Owner: q.Owner, AutoPause: q.AutoPause,
 		},
 	}
 	for _, v := range q.Volumes {
@@ -145,15 +153,17 @@ func decodeV2(b []byte) (*record, error) {
 			Resolution: Resolution{Width: s.Width, Height: s.Height},
 			CreatedAt:  s.CreatedAt, ExpiresAt: s.ExpiresAt, LastActiveAt: s.LastActiveAt,
 			Metadata: s.Metadata, IP: s.IP, Desktop: s.Desktop, Error: s.Error,
+			PausedAt: s.PausedAt, PausedBytes: s.PausedBytes,
 		},
 		Request: CreateRequest{
 			Template: q.Template, Backend: q.Backend, Resolution: Resolution{Width: q.Width, Height: q.Height},
 			DPI: q.DPI, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
 			TimeoutSeconds: q.TimeoutSeconds, IdleTimeoutSeconds: q.IdleTimeoutSeconds,
 			StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
-			Network: Network{Egress: q.Egress, Allow: q.Allow}, Owner: q.Owner,
+			Network: Network{Egress: q.Egress, Allow: q.Allow}, Owner: q.Owner, AutoPause: q.AutoPause,
 		},
 		Token: s.Token, IdleTimeout: time.Duration(s.IdleTimeoutMS) * time.Millisecond, StoppedAt: s.StoppedAt,
+		Life: time.Duration(s.LifeMS) * time.Millisecond,
 	}
 	if r.Sandbox.Metadata == nil {
 		r.Sandbox.Metadata = map[string]string{}
@@ -162,6 +172,7 @@ func decodeV2(b []byte) (*record, error) {
 		r.Request.Volumes = append(r.Request.Volumes, VolumeMount(v))
 	}
 	r.Sandbox.Volumes = r.Request.Volumes
+	r.Sandbox.AutoPause = q.AutoPause
 	if d := s.Driver; d != nil {
 		r.DriverState = &driver.State{Version: d.Version, Driver: d.Name, Data: d.Data}
 	}

@@ -10,8 +10,7 @@ import (
 // the moves between states.
 type State string
 
-// The sandbox states of API.md, and those of pause and resume, which no
-// sandbox reaches until a backend can pause.
+// The sandbox states of API.md.
 const (
 	StateStarting State = "starting"
 	StateRunning  State = "running"
@@ -54,6 +53,9 @@ type CreateRequest struct {
 	// Volumes are attached to the sandbox for its life; each must be the
 	// owner's and free.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// AutoPause makes the sandbox's lifetime and idle timers pause it
+	// instead of destroying it, where its backend can pause.
+	AutoPause bool `json:"auto_pause,omitempty"`
 	// Owner is who asks: KeyOwner of the API key, "" without keys. The
 	// per-owner quotas (Config.MaxPerOwner, OwnerCreateRate) apply to it.
 	// Set by the API layers, never from a request body.
@@ -91,6 +93,12 @@ type Sandbox struct {
 	// had a desktop then).
 	Desktop *bool  `json:"desktop,omitempty"`
 	Error   string `json:"error,omitempty"`
+	// PausedAt is when a paused sandbox paused, and PausedBytes what it
+	// takes on the host's disk (memory image and disk); zero otherwise.
+	PausedAt    time.Time `json:"paused_at,omitzero"`
+	PausedBytes int64     `json:"paused_bytes,omitempty"`
+	// AutoPause is the create's auto_pause: its timers pause it.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // Filter selects sandboxes in List; zero fields match everything.
@@ -105,6 +113,17 @@ type BackendInfo struct {
 	Available bool   `json:"available"`
 	Isolation string `json:"isolation"`
 	Reason    string `json:"reason,omitempty"`
+	// Capabilities are what sandboxes of the backend can do beyond the
+	// desktop API, on this host.
+	Capabilities BackendCapabilities `json:"capabilities"`
+}
+
+// BackendCapabilities are the optional features of a backend.
+type BackendCapabilities struct {
+	Volumes bool `json:"volumes"`
+	Pause   bool `json:"pause"`
+	// PauseReason says why sandboxes cannot pause, when they cannot.
+	PauseReason string `json:"pause_reason,omitempty"`
 }
 
 // Capacity is the daemon's sandbox capacity.

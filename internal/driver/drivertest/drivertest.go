@@ -148,6 +148,7 @@ func Run(t *testing.T, newDriver Factory, opts ...Option) {
 	t.Run("Screenshot", func(t *testing.T) { s.screenshot(t, a) })
 	t.Run("Actions", func(t *testing.T) { s.actions(t, a) })
 	t.Run("Files", func(t *testing.T) { s.files(t, a) })
+	t.Run("PauseResume", func(t *testing.T) { s.pauseResume(t, d, a) })
 
 	// adopted is the main box as a restarted daemon sees it; the rest of
 	// the suite talks to the main box through it.

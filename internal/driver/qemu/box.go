@@ -3,7 +3,6 @@ package qemu
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -33,6 +32,13 @@ type boxData struct {
 	Image     string `json:"image"`      // image version directory (its disk.ext4 backs the overlay)
 	Initramfs string `json:"initramfs"`
 	KVM       bool   `json:"kvm"`
+	// Argv is the command that started QEMU (nsenter first when the VM
+	// has a network namespace): a resume starts the same VM again, with
+	// its memory coming in. Boxes of daemons before pause existed lack
+	// it and cannot pause.
+	Argv []string `json:"argv,omitempty"`
+	// Paused is set while the VM is saved in memory.bin and not running.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // box is one running VM. It implements driver.Box.
@@ -140,9 +146,17 @@ func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
 // lost: its bytes wait in QEMU until the guest opens the port. When an
 // attempt times out anyway, the session is reset and tried again.
 func (b *box) waitAgent(ctx context.Context) error {
+	return b.waitAgentEvery(ctx, 60*time.Second)
+}
+
+// waitAgentEvery is waitAgent with each attempt bounded by probe. A
+// resumed guest listens already, but its end of the channel may still
+// hold the session of the host before the pause: a short probe resets
+// ours, which makes the guest start a fresh one.
+func (b *box) waitAgentEvery(ctx context.Context, probe time.Duration) error {
 	var last error
 	for {
-		last = b.probe(ctx, 60*time.Second)
+		last = b.probe(ctx, probe)
 		if last == nil {
 			return nil
 		}
@@ -194,8 +208,7 @@ func (b *box) probe(ctx context.Context, timeout time.Duration) error {
 
 // State returns the versioned handle Adopt takes.
 func (b *box) State() driver.State {
-	data, _ := json.Marshal(b.data) // plain struct: cannot fail
-	return driver.State{Version: stateVersion, Driver: b.d.Name(), Data: data}
+	return stateOf(b.d, b.data)
 }
 
 // Wait returns a channel closed when QEMU has exited.
@@ -261,26 +274,20 @@ func (b *box) currentSession() *yamux.Session {
 // unusable (Cleanup then removes what is left). The agent channel is
 // reconnected lazily by the first DialAgent.
 func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
-	if st.Driver != d.Name() {
-		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
-	}
-	if st.Version != stateVersion {
-		return nil, fmt.Errorf("adopt: unknown state version %d", st.Version)
-	}
-	var data boxData
-	if err := json.Unmarshal(st.Data, &data); err != nil {
+	data, err := d.decode(st)
+	if err != nil {
 		return nil, fmt.Errorf("adopt: %w", err)
 	}
-	if err := validID(data.ID); err != nil {
-		return nil, fmt.Errorf("adopt: %w", err)
-	}
-	if data.Dir != d.boxDir(data.ID) {
-		return nil, fmt.Errorf("adopt %s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
-	}
-	if !running(data.Pid, data.StartTime) || !cmdlineHas(data.Pid, data.Dir) {
+	if data.Paused || !running(data.Pid, data.StartTime) || !cmdlineHas(data.Pid, data.Dir) {
 		b := &box{d: d, data: data, dead: make(chan struct{})}
 		b.markDead()
 		return b, nil
+	}
+	if len(data.Argv) > 0 {
+		// Only a daemon that could pause can have left one half paused.
+		if err := thaw(ctx, data); err != nil {
+			return nil, fmt.Errorf("adopt %s: thaw a VM left pausing: %w", data.ID, err)
+		}
 	}
 	return newBox(d, data, nil), nil
 }
@@ -290,51 +297,4 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 func cmdlineHas(pid int, s string) bool {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return err == nil && strings.Contains(string(data), s)
-}
-
-// qmpCommand runs one QMP command without arguments on the QMP socket.
-func qmpCommand(ctx context.Context, sock, command string) error {
-	c, err := dialUnix(ctx, sock)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		c.SetDeadline(dl)
-	}
-	r := bufio.NewReader(c)
-	if _, err := r.ReadBytes('\n'); err != nil { // greeting
-		return fmt.Errorf("qmp greeting: %w", err)
-	}
-	for _, cmd := range []string{"qmp_capabilities", command} {
-		if _, err := fmt.Fprintf(c, "{\"execute\":%q}\n", cmd); err != nil {
-			return err
-		}
-		for {
-			line, err := r.ReadBytes('\n')
-			if err != nil {
-				if cmd == "quit" {
-					return nil // QEMU may exit before answering
-				}
-				return fmt.Errorf("qmp %s: %w", cmd, err)
-			}
-			var resp struct {
-				Return json.RawMessage `json:"return"`
-				Error  *struct {
-					Desc string `json:"desc"`
-				} `json:"error"`
-			}
-			if json.Unmarshal(line, &resp) != nil {
-				continue
-			}
-			if resp.Error != nil {
-				return fmt.Errorf("qmp %s: %s", cmd, resp.Error.Desc)
-			}
-			if resp.Return != nil {
-				break
-			}
-			// An event: keep reading.
-		}
-	}
-	return nil
 }

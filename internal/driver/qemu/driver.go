@@ -470,23 +470,13 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		args = append([]string{"--net=" + spec.Net.Netns, "--", name}, args...)
 		name = "nsenter"
 	}
-	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	argv := append([]string{name}, args...)
+	pid, exited, err := startQEMU(dir, argv)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
-	defer logf.Close()
-	// Not CommandContext: the VM must outlive the request.
-	cmd := exec.Command(name, args...) //depcheck:runs qemu-system-x86_64 nsenter
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("create %s: start qemu: %w", spec.ID, err)
-	}
-	pid := cmd.Process.Pid
 	cu.Add(func() { syscall.Kill(pid, syscall.SIGKILL) })
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }() // reap our child
-	data := boxData{ID: spec.ID, Pid: pid, Dir: dir, Image: vm.Dir, Initramfs: initrd, KVM: kvm, StartTime: procStartTime(pid)}
+	data := boxData{ID: spec.ID, Pid: pid, Dir: dir, Image: vm.Dir, Initramfs: initrd, KVM: kvm, StartTime: procStartTime(pid), Argv: argv}
 	if err := writeBoxData(data); err != nil {
 		return nil, err
 	}
@@ -498,6 +488,27 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	}
 	cu.Release()
 	return b, nil
+}
+
+// startQEMU starts argv (QEMU, or nsenter running it) for the box in
+// dir, in a session of its own so that the VM outlives the daemon, with
+// its output in qemu.log. exited is closed once the child is reaped.
+func startQEMU(dir string, argv []string) (pid int, exited <-chan struct{}, err error) {
+	logf, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer logf.Close()
+	// Not CommandContext: the VM must outlive the request.
+	cmd := exec.Command(argv[0], argv[1:]...) //depcheck:runs qemu-system-x86_64 nsenter
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, nil, fmt.Errorf("start qemu: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }() // reap our child
+	return cmd.Process.Pid, done, nil
 }
 
 // makeOverlay creates the box's qcow2 disk on top of the image's raw ext4
@@ -581,19 +592,8 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 			waitGone(data.Pid, data.StartTime, 10*time.Second)
 		}
 		// A daemon killed between starting QEMU and writing box.json
-		// left a VM that no record names; its arguments name the
-		// directory. Only our own QEMU (or the nsenter about to exec
-		// it) is taken for one.
-		strays, _ := procwatch.FindOwn(func(argv []string) bool {
-			if base := filepath.Base(argv[0]); base != filepath.Base(d.cfg.QEMU) && base != "nsenter" {
-				return false
-			}
-			return slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, dir+"/") })
-		})
-		for _, p := range strays {
-			_ = unix.Kill(p.Pid, unix.SIGKILL)
-			waitGone(p.Pid, p.StartTime, 10*time.Second)
-		}
+		// left a VM that no record names.
+		d.killVMsOf(dir)
 		if err := os.RemoveAll(dir); err != nil {
 			errs = append(errs, err)
 		}
@@ -605,6 +605,28 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// vmsOf finds the QEMU processes of the box in dir by their arguments,
+// which name the directory: what a daemon killed before it could record
+// a VM's pid left. Only our own QEMU (or the nsenter about to exec it)
+// is taken for one.
+func (d *Driver) vmsOf(dir string) []procwatch.Process {
+	ps, _ := procwatch.FindOwn(func(argv []string) bool {
+		if base := filepath.Base(argv[0]); base != filepath.Base(d.cfg.QEMU) && base != "nsenter" {
+			return false
+		}
+		return slices.ContainsFunc(argv, func(a string) bool { return strings.Contains(a, dir+"/") })
+	})
+	return ps
+}
+
+// killVMsOf kills every QEMU of the box in dir.
+func (d *Driver) killVMsOf(dir string) {
+	for _, p := range d.vmsOf(dir) {
+		_ = unix.Kill(p.Pid, unix.SIGKILL)
+		waitGone(p.Pid, p.StartTime, 10*time.Second)
+	}
 }
 
 // waitGone waits until the process is gone or timeout passes.
