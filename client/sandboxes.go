@@ -14,6 +14,9 @@ import (
 const (
 	StateStarting = "starting"
 	StateRunning  = "running"
+	StatePausing  = "pausing"
+	StatePaused   = "paused" // saved to disk; Resume brings it back
+	StateResuming = "resuming"
 	StateStopping = "stopping"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
@@ -115,6 +118,10 @@ type CreateRequest struct {
 	// runc and qemu). Each must be this key's and free: a volume another sandbox
 	// holds yields an error for which IsConflict is true.
 	Volumes []VolumeMount `json:"volumes,omitempty"`
+	// AutoPause makes the sandbox's lifetime and idle timeouts pause it
+	// instead of destroying it (on a backend that can pause; see
+	// Capabilities).
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // VolumeMount attaches the volume Name at Path (absolute) in a sandbox.
@@ -147,6 +154,12 @@ type Sandbox struct {
 	Desktop *bool `json:"desktop,omitempty"`
 	// Error says why the sandbox failed; set only in StateFailed.
 	Error string `json:"error,omitempty"`
+	// PausedAt is when a paused sandbox paused, and PausedBytes what it
+	// takes on the host's disk; zero otherwise.
+	PausedAt    time.Time `json:"paused_at,omitzero"`
+	PausedBytes int64     `json:"paused_bytes,omitempty"`
+	// AutoPause is set when its timers pause it instead of destroying it.
+	AutoPause bool `json:"auto_pause,omitempty"`
 }
 
 // UnmarshalJSON decodes a Sandbox, taking an empty time string for the zero
@@ -276,6 +289,35 @@ func (c *Client) SetTimeout(ctx context.Context, id string, seconds int) (Sandbo
 	}
 	var s Sandbox
 	err = c.doJSON(ctx, &request{method: http.MethodPost, path: sandboxPath(id, "timeout"), body: body, contentLen: n, contentType: "application/json"}, &s)
+	return s, err
+}
+
+// Pause saves a running sandbox to disk and returns it paused: its
+// memory, processes and files are kept, it holds no CPU or memory, and
+// it expires at the daemon's paused lifetime. A backend that cannot
+// pause answers CodeNotSupported; a sandbox not running, CodeConflict.
+func (c *Client) Pause(ctx context.Context, id string) (Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return Sandbox{}, err
+	}
+	var s Sandbox
+	err := c.doJSON(ctx, &request{method: http.MethodPost, path: sandboxPath(id, "pause")}, &s)
+	return s, err
+}
+
+// Resume brings a paused sandbox back as it was and returns it running,
+// expiring seconds from now (0: with the running time it had left when
+// it paused).
+func (c *Client) Resume(ctx context.Context, id string, seconds int) (Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return Sandbox{}, err
+	}
+	body, n, err := jsonBody(map[string]int{"timeout_seconds": seconds})
+	if err != nil {
+		return Sandbox{}, err
+	}
+	var s Sandbox
+	err = c.doJSON(ctx, &request{method: http.MethodPost, path: sandboxPath(id, "resume"), body: body, contentLen: n, contentType: "application/json"}, &s)
 	return s, err
 }
 

@@ -16,6 +16,17 @@ type Backend struct {
 	Isolation string `json:"isolation"`
 	// Reason says why the backend is unavailable.
 	Reason string `json:"reason,omitempty"`
+	// Capabilities are what its sandboxes can do on this host.
+	Capabilities Capabilities `json:"capabilities"`
+}
+
+// Capabilities are a backend's optional features.
+type Capabilities struct {
+	Volumes bool `json:"volumes"`
+	// Pause is set when its sandboxes can pause and resume here;
+	// PauseReason says why not otherwise.
+	Pause       bool   `json:"pause"`
+	PauseReason string `json:"pause_reason,omitempty"`
 }
 
 // Capacity is how many sandboxes the daemon runs and may run.

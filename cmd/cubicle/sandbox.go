@@ -81,6 +81,7 @@ screenshot; --no-wait returns at once with the sandbox starting.`,
 	f.StringVar(&egress, "egress", "", "network egress: none, all, or CIDR[,CIDR...]")
 	f.StringArrayVar(&volumes, "volume", nil, "attach volume NAME at PATH: NAME:/PATH (repeatable; see cubicle volume)")
 	f.BoolVar(&noWait, "no-wait", false, "return at once, while the sandbox is still starting")
+	f.BoolVar(&req.AutoPause, "auto-pause", false, "pause the sandbox at its timeout or idle timeout instead of destroying it")
 	return cmd
 }
 
@@ -109,7 +110,7 @@ func listCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&opts.State, "state", "", "only sandboxes in this state (starting, running, stopping, stopped, failed)")
+	cmd.Flags().StringVar(&opts.State, "state", "", "only sandboxes in this state (starting, running, pausing, paused, resuming, stopping, stopped, failed)")
 	cmd.Flags().StringArrayVar(&meta, "metadata", nil, "only sandboxes with metadata k=v (repeatable)")
 	return cmd
 }
@@ -187,6 +188,53 @@ func extendCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
+}
+
+func pauseCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pause ID",
+		Short: "Pause a sandbox to disk (memory, processes and files kept; no CPU or memory held)",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			stop := startProgress(a.errOut, isTerminal(a.errOut), "pausing")
+			s, err := a.client().Pause(cmd.Context(), args[0])
+			stop()
+			if err != nil {
+				return err
+			}
+			if !a.printJSON() {
+				fmt.Fprintf(a.out, "%s paused (%s on disk)\n", s.ID, humanBytes(s.PausedBytes))
+			}
+			return nil
+		},
+	}
+}
+
+func resumeCmd(a *app) *cobra.Command {
+	var lifetime secondsValue
+	cmd := &cobra.Command{
+		Use:   "resume ID",
+		Short: "Resume a paused sandbox as it was",
+		Args:  exactArgs("ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			stop := startProgress(a.errOut, isTerminal(a.errOut), "resuming")
+			s, err := a.client().Resume(cmd.Context(), args[0], int(lifetime))
+			stop()
+			if err != nil {
+				return err
+			}
+			if !a.printJSON() {
+				if s.ExpiresAt.IsZero() {
+					fmt.Fprintf(a.out, "%s running\n", s.ID)
+				} else {
+					fmt.Fprintf(a.out, "%s running, expires at %s (in %s)\n", s.ID, s.ExpiresAt.Local().Format(time.RFC3339), expiresIn(s.ExpiresAt))
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().Var(&lifetime, "for", "lifetime from now, e.g. 600 or 10m (default: the time it had left when it paused)")
+	return cmd
 }
 
 // errNoOutput guards against writing binary data to a terminal.

@@ -84,6 +84,7 @@ func run() error {
 		diskMB         = fs.Int("disk-mb", 4096, "what one gvisor or runc sandbox may write to its root filesystem, in MiB: its writable layer is a sparse ext4 file of this size; 0 = unbounded (CUBICLE_DISK_MB)")
 		idleTimeout    = fs.Duration("idle-timeout", 30*time.Minute, "reap sandboxes unused this long (CUBICLE_IDLE_TIMEOUT)")
 		maxLifetime    = fs.Duration("max-lifetime", 60*time.Minute, "maximum sandbox lifetime, 0 = unlimited (CUBICLE_MAX_LIFETIME)")
+		pausedLifetime = fs.Duration("paused-lifetime", sandbox.DefaultPausedLifetime, "how long a paused sandbox is kept before it is destroyed, 0 = unlimited (CUBICLE_PAUSED_LIFETIME)")
 		agentBin       = fs.String("agent-bin", filepath.Join(filepath.Dir(exe), "cubicle-agent"), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
 		readyTimeout   = fs.Duration("ready-timeout", 3*time.Minute, "how long a create may take to a ready desktop (CUBICLE_READY_TIMEOUT)")
 		netEnable      = fs.Bool("net", false, "give each sandbox a network: a netns/TAP on a cubicle bridge, an address, nftables egress policy; changes the host's network (CUBICLE_NET=1)")
@@ -129,6 +130,13 @@ func run() error {
 	lifetime := *maxLifetime
 	if lifetime == 0 {
 		lifetime = -1 // unlimited
+	}
+	paused := *pausedLifetime
+	if paused == 0 {
+		paused = -1 // unlimited
+	}
+	if *pausedLifetime < 0 {
+		return fmt.Errorf("%s: want 0 (unlimited) or more", conf.origin("paused-lifetime"))
 	}
 
 	drivers := map[string]driver.Driver{}
@@ -182,6 +190,7 @@ func run() error {
 		OwnerCreateBurst: max(1, int(2**keyRate)),
 		IdleTimeout:      *idleTimeout,
 		MaxLifetime:      lifetime,
+		PausedLifetime:   paused,
 		ReadyTimeout:     *readyTimeout,
 		Network:          netPool,
 		Metrics:          m,
