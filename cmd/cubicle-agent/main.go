@@ -128,10 +128,20 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 
 	lns := extra
 	if listen != "" {
-		ln, err := agent.ListenUnix(listen)
+		ln, err := agent.ListenHost(listen, log)
 		if err != nil {
 			return err
 		}
+		srv.OnCheckpoint(ln.Detach)
+		reopen := make(chan os.Signal, 1)
+		signal.Notify(reopen, agent.ReopenSignal)
+		go func() {
+			for range reopen {
+				if err := ln.Reopen(); err != nil {
+					log.Error("agent socket", "err", err)
+				}
+			}
+		}()
 		lns = append(lns, ln)
 	}
 	if listenTCP != "" {

@@ -93,6 +93,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	servers []*http.Server
+	detach  func() // see OnCheckpoint
 }
 
 // New builds the server. It fails with ErrNoToken when Token is empty and
@@ -125,6 +126,7 @@ func New(opts Options) (*Server, error) {
 	mux.Handle(filesystemconnect.NewFilesystemHandler(s.Files, interceptors))
 	mux.Handle("/files", s.Files.Files())
 	mux.HandleFunc("GET /forward", s.forward)
+	mux.HandleFunc("POST "+CheckpointPath, s.checkpointHandler)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})

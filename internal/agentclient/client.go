@@ -133,3 +133,28 @@ func statusError(resp *http.Response) error {
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	return &StatusError{Code: resp.StatusCode, Message: string(msg)}
 }
+
+// CheckpointPath is the agent's endpoint that readies a box whose
+// channel is a host socket (gVisor) for a checkpoint: see
+// agent.HostListener.
+const CheckpointPath = "/checkpoint/prepare"
+
+// PrepareCheckpoint asks the agent to let go of its host socket and its
+// connections (this client's too) until it is sent SIGUSR2. It returns
+// once the agent has answered; the socket closes right after.
+func (c *Client) PrepareCheckpoint(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+CheckpointPath, nil)
+	if err != nil {
+		return err
+	}
+	req.Close = true
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("prepare checkpoint: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := statusError(resp); err != nil {
+		return fmt.Errorf("prepare checkpoint: %w", err)
+	}
+	return nil
+}

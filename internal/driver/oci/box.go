@@ -2,7 +2,6 @@ package oci
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +29,11 @@ type boxData struct {
 	// programs gracefully first, so that what they still hold in memory
 	// (a browser's cookies) reaches the volume.
 	Volumes []string `json:"volumes,omitempty"`
+	// Netns is the network namespace the box joined ("" for none): a
+	// restore joins it again.
+	Netns string `json:"netns,omitempty"`
+	// Paused is set while the box is saved in its checkpoint directory.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // box is one running container. It implements driver.Box.
@@ -110,8 +114,7 @@ func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
 
 // State returns the versioned handle Adopt takes.
 func (b *box) State() driver.State {
-	data, _ := json.Marshal(b.data) // plain struct: cannot fail
-	return driver.State{Version: stateVersion, Driver: b.d.Name(), Data: data}
+	return stateOf(b.d, b.data)
 }
 
 // Wait returns a channel closed when the container has died.
@@ -194,21 +197,12 @@ func isClosed(c <-chan struct{}) bool {
 // answers (see adopt.go). An error means the state itself is unusable
 // (Cleanup then removes what is left).
 func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
-	if st.Driver != d.Name() {
-		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
-	}
-	if st.Version != stateVersion {
-		return nil, fmt.Errorf("adopt: unknown state version %d", st.Version)
-	}
-	var data boxData
-	if err := json.Unmarshal(st.Data, &data); err != nil {
+	data, err := d.decode(st)
+	if err != nil {
 		return nil, fmt.Errorf("adopt: %w", err)
 	}
-	if err := validID(data.ID); err != nil {
-		return nil, fmt.Errorf("adopt: %w", err)
-	}
-	if data.Dir != d.boxDir(data.ID) {
-		return nil, fmt.Errorf("adopt %s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
+	if data.Paused {
+		return deadBox(d, data), nil
 	}
 	cs, v, _ := d.probe(ctx, data.ID)
 	switch v {

@@ -335,7 +335,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
-	data := boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image}
+	data := boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image, Netns: netns}
 	for _, v := range spec.Volumes {
 		data.Volumes = append(data.Volumes, v.Name)
 	}
@@ -396,7 +396,7 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 	}
 	global = append(global, d.cfg.RuntimeArgs...)
 	argv := append(global, args...)
-	if network && d.isRunsc() && len(args) > 0 && args[0] == "run" {
+	if network && d.isRunsc() && len(args) > 0 && (args[0] == "run" || args[0] == "restore") {
 		// runsc 20221219 refuses --network=sandbox when it thinks the
 		// box's namespace is the root one, and it tells by whether
 		// /proc/sys/net/core/rmem_default exists there — which, since

@@ -142,6 +142,10 @@ func ociSpec(s driver.Spec, rootfs, runDir, agentBin string, runc bool) *specs.S
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+			// The agent's input socket lives in memory: under gVisor
+			// (--host-uds=create) a socket bound on the rootfs is a host
+			// socket, which runsc checkpoint cannot save.
+			{Destination: "/run/cubicle-input", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "noexec", "mode=755", "size=64k"}},
 			{Destination: RunDir, Type: "bind", Source: runDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 			{Destination: AgentPath, Type: "bind", Source: agentBin, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},

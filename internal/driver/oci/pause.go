@@ -1,0 +1,322 @@
+package oci
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
+)
+
+// Pause and resume of gVisor boxes are runsc checkpoint and restore: the
+// sandbox's whole kernel state (processes, memory, its network stack)
+// goes to DIR/checkpoint/checkpoint.img and the sandbox ends; restore
+// starts it again from the image in the same bundle, on the same
+// rootfs, upper layer and volumes, which stay mounted while it is
+// paused (they hold no CPU or memory, and a restore needs them exactly
+// as they were).
+//
+// runsc 20221219 cannot save a host socket, and the agent's channel is
+// one (--host-uds); a checkpoint that meets one fails and stops the box.
+// So the agent lets go of it first (agent.HostListener): the driver asks
+// it (agentclient.PrepareCheckpoint), waits until the socket refuses
+// connections, and after a restore (or a checkpoint that failed) sends
+// the agent SIGUSR2 to listen again.
+//
+// runc boxes would pause with CRIU; that is not done here (CanPause
+// says so).
+const checkpointDir = "checkpoint"
+
+var _ driver.Pauser = (*Driver)(nil)
+
+// CanPause returns nil for gVisor, and why not for runc.
+func (d *Driver) CanPause(ctx context.Context) error {
+	if !d.isRunsc() {
+		return errors.New("runc boxes would pause with CRIU, which cubicle does not drive yet; gvisor and qemu pause")
+	}
+	return nil
+}
+
+// token is the agent token of a box: the agent reads it from its
+// environment, which the bundle's config.json holds (0600, like the rest
+// of the box directory).
+func (b *box) token() (string, error) {
+	raw, err := os.ReadFile(filepath.Join(b.data.Dir, "bundle", "config.json"))
+	if err != nil {
+		return "", err
+	}
+	var sp struct {
+		Process struct {
+			Env []string `json:"env"`
+		} `json:"process"`
+	}
+	if err := json.Unmarshal(raw, &sp); err != nil {
+		return "", err
+	}
+	for _, kv := range sp.Process.Env {
+		if v, ok := strings.CutPrefix(kv, "CUBICLE_AGENT_TOKEN="); ok {
+			return v, nil
+		}
+	}
+	return "", errors.New("the bundle names no agent token")
+}
+
+func (b *box) socketPath() string { return filepath.Join(b.data.Dir, "run", "agent.sock") }
+
+// Pause checkpoints a gVisor box to DIR/checkpoint and ends it.
+func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error) {
+	if err := d.CanPause(ctx); err != nil {
+		return driver.Paused{}, err
+	}
+	b, ok := db.(*box)
+	if !ok {
+		if u, isUnsure := db.(*unsureBox); isUnsure {
+			u.mu.Lock()
+			b = u.inner
+			u.mu.Unlock()
+		}
+	}
+	if b == nil || b.d != d {
+		return driver.Paused{}, errors.New("pause: not a running box of this driver")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	id, dir := b.data.ID, b.data.Dir
+	if b.stopped || isClosed(b.dead) {
+		return driver.Paused{}, fmt.Errorf("pause %s: the box is not running", id)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+	}
+	token, err := b.token()
+	if err != nil {
+		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	img := filepath.Join(dir, checkpointDir)
+	if err := os.RemoveAll(img); err != nil {
+		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	// thaw makes the agent listen again on a box that runs on.
+	thaw := func(cause error) (driver.Paused, error) {
+		os.RemoveAll(img)
+		if isClosed(b.dead) {
+			return driver.Paused{}, fmt.Errorf("pause %s: %w (the box ended)", id, cause)
+		}
+		if err := d.reopen(ctx, id); err != nil {
+			cause = errors.Join(cause, err)
+		}
+		if err := b.waitAgent(ctx); err != nil {
+			cause = errors.Join(cause, fmt.Errorf("agent after a failed pause: %w", err))
+		}
+		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
+	}
+	c := agentclient.New(b.DialAgent, token)
+	err = c.PrepareCheckpoint(ctx)
+	c.Close()
+	if err != nil {
+		return thaw(err)
+	}
+	// The agent closed its end of every connection and its listener
+	// before the answer's connection closed. (The socket file still
+	// accepts connections afterwards: runsc's gofer, which made the
+	// host socket, keeps a copy of it open.)
+	if err := os.Mkdir(img, 0o700); err != nil {
+		return thaw(err)
+	}
+	if _, err := d.output(ctx, "checkpoint", "--image-path", img, id); err != nil {
+		return thaw(err)
+	}
+	// The checkpoint ended the sandbox; delete what the runtime keeps of
+	// it (its processes, state and cgroups), and nothing of the box.
+	select {
+	case <-b.dead:
+	case <-time.After(10 * time.Second):
+	}
+	if err := d.deleteContainer(ctx, id); err != nil {
+		return driver.Paused{}, fmt.Errorf("pause %s: delete the checkpointed container: %w", id, err)
+	}
+	if alive(b.data.Pid) {
+		return driver.Paused{}, fmt.Errorf("pause %s: sandbox pid %d still alive after the checkpoint", id, b.data.Pid)
+	}
+	b.stopWatch()
+	b.stopped = true // the directory is the paused box's now: Stop must not remove it
+	data := b.data
+	data.Paused, data.Pid = true, 0
+	return driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(dir)}, nil
+}
+
+// reopen tells the agent of box id to listen on its socket again
+// (agent.ReopenSignal, SIGUSR2, to the box's init).
+func (d *Driver) reopen(ctx context.Context, id string) error {
+	_, err := d.output(ctx, "kill", id, "USR2")
+	return err
+}
+
+// Resume restores a paused gVisor box from its checkpoint.
+func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err error) {
+	if err := d.CanPause(ctx); err != nil {
+		return nil, err
+	}
+	data, err := d.decode(p.State)
+	if err != nil {
+		return nil, fmt.Errorf("resume: %w", err)
+	}
+	id, dir := data.ID, data.Dir
+	if !data.Paused {
+		return nil, fmt.Errorf("resume %s: the state is not of a paused box", id)
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+	}
+	img := filepath.Join(dir, checkpointDir)
+	sock := filepath.Join(dir, "run", "agent.sock")
+	nd := data
+	nd.Paused = false
+	// A resume a killed daemon left may have restored the box already:
+	// then it is the box (its checkpoint is behind its disk now).
+	if cs, v, _ := d.probe(ctx, id); v == verdictRunning {
+		nd.Pid = cs.Pid
+		b := newBox(d, nd)
+		_ = d.reopen(ctx, id)
+		if err := b.waitAgent(ctx); err != nil {
+			return nil, fmt.Errorf("resume %s: the box an earlier resume restored: %w", id, err)
+		}
+		os.RemoveAll(img)
+		return b, nil
+	}
+	if _, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil {
+		return nil, fmt.Errorf("resume %s: no checkpoint: %w", id, err)
+	}
+	if err := d.deleteContainer(ctx, id); err != nil { // what a failed restore left
+		return nil, fmt.Errorf("resume %s: %w", id, err)
+	}
+	os.Remove(sock)
+	console, err := os.OpenFile(filepath.Join(dir, "console.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer console.Close()
+	pidFile := filepath.Join(dir, "pid")
+	os.Remove(pidFile)
+	ran := false // the restored box ran: its checkpoint is behind its disk
+	defer func() {
+		if err == nil {
+			return
+		}
+		_ = d.deleteContainer(context.WithoutCancel(ctx), id)
+		if ran {
+			os.RemoveAll(img)
+			err = fmt.Errorf("%w: %w", driver.ErrResumeLost, err)
+			return
+		}
+		err = fmt.Errorf("resume %s: %w\n%s", id, err, hostfile.Tail(filepath.Join(dir, "console.log"), 10))
+	}()
+	rctx, cancelRun := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancelRun()
+	cmd := d.commandNet(rctx, data.Netns, "restore", "--detach", "--image-path", img, "--pid-file", pidFile, "--bundle", filepath.Join(dir, "bundle"), id)
+	cmd.Stdout, cmd.Stderr = console, console
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s restore: %w", d.cfg.Runtime, err)
+	}
+	ran = true
+	pid, err := hostfile.ReadPid(pidFile)
+	if err != nil {
+		return nil, err
+	}
+	nd.Pid = pid
+	b := newBox(d, nd)
+	if err := d.reopen(ctx, id); err != nil {
+		b.stopWatch()
+		return nil, err
+	}
+	if err := b.waitAgent(ctx); err != nil {
+		b.stopWatch()
+		return nil, err
+	}
+	os.RemoveAll(img)
+	return b, nil
+}
+
+// Discard removes a paused box: what the runtime may still hold of it,
+// its mounts and its directory.
+func (d *Driver) Discard(ctx context.Context, p driver.Paused) error {
+	data, err := d.decode(p.State)
+	if err != nil {
+		return fmt.Errorf("discard: %w", err)
+	}
+	return deadBox(d, data).Stop(ctx)
+}
+
+// decode checks a State and returns its box data.
+func (d *Driver) decode(st driver.State) (boxData, error) {
+	var data boxData
+	if st.Driver != d.Name() {
+		return data, fmt.Errorf("state is for driver %q, not %q", st.Driver, d.Name())
+	}
+	if st.Version != stateVersion {
+		return data, fmt.Errorf("unknown state version %d", st.Version)
+	}
+	if err := json.Unmarshal(st.Data, &data); err != nil {
+		return data, err
+	}
+	if err := validID(data.ID); err != nil {
+		return data, err
+	}
+	if data.Dir != d.boxDir(data.ID) {
+		return data, fmt.Errorf("%s: directory %q is not under %s", data.ID, data.Dir, d.cfg.StateDir)
+	}
+	return data, nil
+}
+
+// stateOf is the versioned State of data.
+func stateOf(d *Driver, data boxData) driver.State {
+	raw, _ := json.Marshal(data) // plain struct: cannot fail
+	return driver.State{Version: stateVersion, Driver: d.Name(), Data: raw}
+}
+
+// pausedBytes is what a paused box takes on the host's disk: its
+// checkpoint, and its upper layer (the sparse disk file, or the
+// directory when the root is unbounded). The image and the volumes are
+// not the box's.
+func pausedBytes(dir string) int64 {
+	n := treeBytes(filepath.Join(dir, checkpointDir))
+	if fileBytes(filepath.Join(dir, "disk.ext4")) > 0 {
+		return n + fileBytes(filepath.Join(dir, "disk.ext4"))
+	}
+	return n + treeBytes(filepath.Join(dir, "layer", "upper"))
+}
+
+func fileBytes(path string) int64 {
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}
+
+func treeBytes(root string) int64 {
+	var n int64
+	filepath.WalkDir(root, func(path string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			n += fileBytes(path)
+		}
+		return nil
+	})
+	return n
+}
