@@ -1,9 +1,9 @@
 package agent
 
 import (
+	"fmt"
 	"log/slog"
 	"net"
-	"fmt"
 	"net/http"
 	"sync"
 	"syscall"
@@ -33,7 +33,7 @@ type HostListener struct {
 	log  *slog.Logger
 
 	mu       sync.Mutex
-	ln       net.Listener // nil while detached
+	ln       net.Listener  // nil while detached
 	listened chan struct{} // closed when ln is set
 	conns    map[net.Conn]struct{}
 
