@@ -163,3 +163,8 @@ func IsRateLimited(err error) bool { return ErrorCode(err) == CodeRateLimited }
 // does not report the caller's own context deadline; check
 // errors.Is(err, context.DeadlineExceeded) for that.
 func IsTimeout(err error) bool { return ErrorCode(err) == CodeTimeout }
+
+// IsNotSupported reports whether err says the sandbox's backend or agent
+// cannot do what was asked (409 not_supported), such as a pause on a
+// backend that cannot pause.
+func IsNotSupported(err error) bool { return ErrorCode(err) == CodeNotSupported }
