@@ -43,7 +43,7 @@ unit:
 	# -p 1: the end-to-end packages start desktops and VMs; run one package
 	# at a time so that a 2-core machine does not turn timing into flakes.
 	rm -rf test-artifacts/liveview
-	$(GO) test -p 1 -count=1 -timeout 30m ./...
+	$(GO) test -p 1 -count=1 -timeout 60m ./...
 	@echo "live-view browser test screenshots (artifacts):"; ls -1 $(CURDIR)/test-artifacts/liveview/*.png 2>/dev/null || echo "  (none: the browser test did not run)"
 
 # e2e runs the whole end-to-end suite; BACKEND=firecracker (on a KVM host)

@@ -52,6 +52,9 @@ type newSandbox struct {
 	Metadata            map[string]string `json:"metadata"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoResume          *struct {
+		Enabled *bool `json:"enabled"`
+	} `json:"autoResume"`
 	Network             *networkConfig    `json:"network"`
 	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
 }
@@ -89,6 +92,9 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 	timeout, err := timeoutSeconds(in.Timeout, defaultTimeout)
 	if err != nil {
 		return createParams{}, err
+	}
+	if in.AutoResume != nil && in.AutoResume.Enabled != nil && *in.AutoResume.Enabled {
+		return createParams{}, badRequestf("autoResume is not supported: cubicle resumes a paused sandbox on connect (or resume), not on traffic")
 	}
 	volumes, err := volumeMounts(in.VolumeMounts)
 	if err != nil {

@@ -48,15 +48,21 @@
 //     (made with the native API's POST /v1/volumes), attached as its
 //     "volumes" are; a missing one is 404, one in use 409.
 //
+// autoPause: true (lifecycle onTimeout "pause") makes the sandbox pause
+// at its timeout instead of dying, where its backend can pause (gvisor,
+// qemu); elsewhere the create is refused with 501, since the sandbox
+// would be killed at its timeout and its state lost.
+//
 // Refused with 400, because ignoring them would quietly give the caller
-// something else than asked: autoPause: true (cubicle cannot pause; the
-// sandbox would be killed at its timeout and its state lost),
-// network.egressProxy (traffic would go out
+// something else than asked: autoResume.enabled: true (cubicle resumes on
+// connect, not on traffic), network.egressProxy (traffic would go out
 // directly), a denyOut that lists only some destinations, and an allowOut
 // naming domains (cubicle filters by address only).
 //
 // Accepted and ignored: secure (every sandbox gets an envd access token
-// anyway, see AccessToken), autoPause: false, autoPauseMemory, autoResume,
+// anyway, see AccessToken), autoPause: false, autoPauseMemory (a pause
+// always keeps the memory: more than a false asks for), autoResume
+// without enabled: true, pause's memory,
 // mcp, iam, network.allowPublicTraffic, network.maskRequestHost,
 // network.rules, and any field this package does not know, since newer SDKs
 // send fields that did not exist when it was written.
@@ -68,15 +74,20 @@
 //     create timeout would reap the sandbox early once setTimeout extended
 //     it, because the Manager interface cannot change a sandbox's idle
 //     timeout later.
-//   - Only live sandboxes (cubicle states starting and running, both shown
-//     as "running") exist for this API. Stopping, stopped and failed ones
+//   - Only live sandboxes (cubicle states starting and running, shown as
+//     "running", and pausing, paused and resuming, shown as "paused")
+//     exist for this API. Stopping, stopped and failed ones
 //     are 404 for get, connect, timeout, pause, metrics, logs and kill: E2B
 //     forgets a killed sandbox at once, and the SDK's kill() returns false on
 //     404, which is the truth for a sandbox that is already gone.
-//   - POST /sandboxes/{id}/pause answers 501 Not Implemented. E2B's SDK reads
-//     409 as "already paused" and returns false, which would tell the caller
-//     a lie about a sandbox that keeps running; 501 surfaces as an error
-//     carrying the message instead.
+//   - POST /sandboxes/{id}/pause answers 204 once the sandbox is paused,
+//     409 when it is paused already (the SDK's pause() returns false), and
+//     501 where its backend cannot pause (runc): the SDK reads 409 as
+//     "already paused", which would be a lie about a sandbox that keeps
+//     running, while 501 surfaces as an error carrying the reason.
+//     connect of a paused sandbox resumes it (201), of a running one
+//     extends it (200); the deprecated resume answers 201 or 409. A
+//     paused sandbox is listed and shown with state "paused".
 //   - cpuCount and memoryMB are the backend's defaults (E2B's create cannot
 //     ask for others); diskSizeMB is 0 (unknown). Metrics are always [] and
 //     logs always empty.

@@ -253,6 +253,7 @@ func TestCreate(t *testing.T) {
 		{name: "env value with NUL", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":{"A":"x\u0000y"}}`, wantStatus: 400, wantMsg: "NUL byte"},
 		{name: "env value not a string", path: "/v2/sandboxes", body: `{"templateID":"desktop","envVars":{"A":1}}`, wantStatus: 400, wantMsg: "wrong type"},
 		{name: "empty metadata key", path: "/v2/sandboxes", body: `{"templateID":"desktop","metadata":{"":"v"}}`, wantStatus: 400, wantMsg: "not a valid key"},
+		{name: "autoResume", path: "/v2/sandboxes", body: `{"templateID":"desktop","autoPause":true,"autoResume":{"enabled":true}}`, wantStatus: 400, wantMsg: "autoResume is not supported"},
 		{
 			name: "autoPause", path: "/v2/sandboxes", body: `{"templateID":"desktop","autoPause":true}`,
 			wantStatus: 201, template: "desktop",

@@ -36,8 +36,9 @@ func main() {
 	backends := flag.String("create-backends", "gvisor,runc,qemu", "backends measured for create-to-ready and memory")
 	nCreateVM := flag.Int("n-create-vm", 3, "sandboxes created for create-to-ready on emulated VM backends")
 	liveView := flag.Duration("live-view", 15*time.Second, "how long each live-view measurement pulls updates (0: skip)")
+	nPause := flag.Int("n-pause", 10, "pause/resume cycles per backend that can pause (of -create-backends)")
 	flag.Parse()
-	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView}
+	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	if err := run(*imageDir, *backend, *second, *out, *n, *nSub, cfg); err != nil {
 		log.Fatal(err)
 	}
@@ -78,6 +79,7 @@ type createConfig struct {
 	backends []string
 	n, nVM   int
 	liveView time.Duration // per live-view measurement; 0 skips it
+	nPause   int           // pause/resume cycles per backend that pauses
 }
 
 // backendResult is one backend's create-to-ready samples and idle memory.
@@ -218,6 +220,14 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 		brs = append(brs, br)
 	}
 	disks := measureDisks(imageDir)
+	var prs []pauseResult
+	if info, err := c.Info(ctx); err == nil && cc.nPause > 0 {
+		for _, b := range info.Backends {
+			if b.Capabilities.Pause && slices.Contains(cc.backends, b.Name) {
+				prs = append(prs, measurePause(ctx, c, b.Name, res, cc.nPause))
+			}
+		}
+	}
 
 	// The live view last: its animating page keeps the CPUs busy.
 	var lv []liveViewResult
@@ -226,6 +236,9 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	}
 
 	text := report(backend, rs, brs, disks, shotBytes, n, nSub)
+	if len(prs) > 0 {
+		text += pauseReport(prs, brs)
+	}
 	if len(lv) > 0 {
 		text += liveViewReport(lv)
 	}

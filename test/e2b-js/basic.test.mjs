@@ -390,3 +390,54 @@ describe('e2b SDK, wrong API key', () => {
     await assert.rejects(Sandbox.connect('aaaaaaaaaaaaaaaaaaaa', wrong), AuthenticationError)
   })
 })
+
+describe('e2b SDK, pause and resume', { timeout: 10 * 60 * 1000 }, () => {
+  it('pause, list as paused, connect resumes with memory and files', async () => {
+    const sbx = await Sandbox.create('base', { timeoutMs: 5 * 60 * 1000, metadata: { suite: 'cubicle-e2b-js', run: `${run}-pause` } })
+    try {
+      // In memory only (/tmp is a tmpfs), and a process with a shell
+      // variable that counts.
+      await sbx.commands.run('echo kept > /tmp/paused-file')
+      const bg = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done', { background: true })
+      await waitFor('the counter', async () => (await sbx.commands.run('cat /tmp/count || true')).stdout.trim() !== '')
+      const before = Number((await sbx.commands.run('cat /tmp/count')).stdout)
+      assert.equal(await sbx.pause(), true)
+      assert.equal((await sbx.getInfo()).state, 'paused')
+      assert.equal(await Sandbox.pause(sbx.sandboxId), false, 'a second pause is false (already paused)')
+      const paused = await Sandbox.list({ query: { state: ['paused'], metadata: { run: `${run}-pause` } } }).nextItems()
+      assert.deepEqual(paused.map((s) => [s.sandboxId, s.state]), [[sbx.sandboxId, 'paused']])
+      const running = await Sandbox.list({ query: { state: ['running'], metadata: { run: `${run}-pause` } } }).nextItems()
+      assert.deepEqual(running, [])
+
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 4 * 60 * 1000 })
+      assert.equal(again.sandboxId, sbx.sandboxId)
+      assert.equal((await again.getInfo()).state, 'running')
+      assert.equal((await again.commands.run('cat /tmp/paused-file')).stdout, 'kept\n')
+      const after = Number((await again.commands.run('cat /tmp/count')).stdout)
+      assert.ok(after >= before, `the counter is ${after} after resume, ${before} before the pause: its process started over`)
+      await waitFor('the counter to go on', async () => Number((await again.commands.run('cat /tmp/count')).stdout) > after)
+      assert.equal((await again.commands.run(`kill -0 ${bg.pid} && echo alive`)).stdout, 'alive\n')
+      // connect of a running sandbox leaves it running.
+      const third = await Sandbox.connect(sbx.sandboxId)
+      assert.equal(await third.isRunning(), true)
+    } finally {
+      await Sandbox.kill(sbx.sandboxId).catch(() => {})
+    }
+  })
+
+  it('lifecycle onTimeout pause (autoPause): the timeout pauses; connect resumes', async () => {
+    const sbx = await Sandbox.create('base', { timeoutMs: 5000, lifecycle: { onTimeout: 'pause' }, metadata: { suite: 'cubicle-e2b-js', run: `${run}-autopause` } })
+    try {
+      await sbx.commands.run('echo survived > /tmp/autopause')
+      assert.equal((await sbx.getInfo()).lifecycle?.onTimeout, 'pause')
+      await waitFor('the sandbox paused at its timeout', async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', 60000, 500)
+      const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 60 * 1000 })
+      assert.equal((await again.commands.run('cat /tmp/autopause')).stdout, 'survived\n')
+      const info = await again.getInfo()
+      const left = info.endAt.getTime() - Date.now()
+      assert.ok(left > 30 * 1000 && left <= 61 * 1000, `connect({timeoutMs: 60 s}) left ${left} ms`)
+    } finally {
+      await Sandbox.kill(sbx.sandboxId).catch(() => {})
+    }
+  })
+})

@@ -23,10 +23,12 @@ import (
 )
 
 // TestCrashRestart kills cubicled with SIGKILL at a random point of a
-// create or of a destroy, again and again (CUBICLE_CRASH_ROUNDS times,
-// default 12; `make crash` runs 50), restarts it, and checks that every
-// sandbox the round made is either running and usable (a command runs,
-// a screenshot is a PNG of its size) or stopped with nothing of it left:
+// create, a destroy, a pause or a resume (the last two where the backend
+// pauses), again and again (CUBICLE_CRASH_ROUNDS times, default 12;
+// `make crash` runs 50), restarts it, and checks that every sandbox the
+// round made is either running and usable (a command runs, a screenshot
+// is a PNG of its size), paused and resumable (then usable), or stopped
+// with nothing of it left:
 // no process, mount, file, network namespace, veth, nft rule or address.
 // None may be half-made; and after each round, whatever its outcome, the
 // host holds nothing it did not hold before the round (a create killed
@@ -107,6 +109,32 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	destroyTook := time.Since(t0)
 	t.Logf("undisturbed: create %v, destroy %v", createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond))
 	assertCrashClean(t, dataDir, sb)
+	// And a pause and a resume, where the backend can.
+	var pauseTook, resumeTook time.Duration
+	if canPause(t, c, backend) {
+		sb, err := c.Create(ctx, req(-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t0 = time.Now()
+		if _, err := c.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		pauseTook = time.Since(t0)
+		t0 = time.Now()
+		if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		resumeTook = time.Since(t0)
+		if err := c.Destroy(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("undisturbed: pause %v, resume %v", pauseTook.Round(time.Millisecond), resumeTook.Round(time.Millisecond))
+	}
+	kinds := []string{"create", "destroy"}
+	if pauseTook > 0 {
+		kinds = append(kinds, "pause", "resume")
+	}
 
 	restart := func() {
 		t.Helper()
@@ -119,35 +147,45 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	}
 	outcome := map[string]int{}
 	for round := range rounds {
-		duringCreate := round%2 == 0
+		kind := kinds[round%len(kinds)]
+		duringCreate := kind == "create"
 		// What the host holds before the round: after it, once the
 		// round's sandbox (if any) is gone, nothing may have been added,
 		// whether or not the sandbox ever got a record.
 		before := snapshotHost(dataDir, d.Pid())
 		free := metricValue(t, d, "cubicle_netpool_free")
-		var id string
 		var at time.Duration
-		if duringCreate {
-			at = time.Duration(rand.Int64N(int64(createTook) * 11 / 10))
-			cctx, cancel := context.WithCancel(ctx)
+		// killDuring kills cubicled at a random point of op, which takes
+		// about took undisturbed.
+		killDuring := func(took time.Duration, op func()) {
+			at = time.Duration(rand.Int64N(int64(took) * 11 / 10))
 			done := make(chan struct{})
-			go func() { defer close(done); c.Create(cctx, req(round)) }()
+			go func() { defer close(done); op() }()
 			time.Sleep(at)
 			restart()
-			cancel()
 			<-done
+		}
+		if duringCreate {
+			cctx, cancel := context.WithCancel(ctx)
+			killDuring(createTook, func() { c.Create(cctx, req(round)) })
+			cancel()
 		} else {
 			sb, err := c.Create(ctx, req(round))
 			if err != nil {
 				t.Fatalf("round %d: create: %v", round, err)
 			}
-			id = sb.ID
-			at = time.Duration(rand.Int64N(int64(destroyTook) * 11 / 10))
-			done := make(chan struct{})
-			go func() { defer close(done); c.Destroy(ctx, id) }()
-			time.Sleep(at)
-			restart()
-			<-done
+			id := sb.ID
+			switch kind {
+			case "destroy":
+				killDuring(destroyTook, func() { c.Destroy(ctx, id) })
+			case "pause":
+				killDuring(pauseTook, func() { c.Pause(ctx, id) })
+			case "resume":
+				if _, err := c.Pause(ctx, id); err != nil {
+					t.Fatalf("round %d: pause: %v", round, err)
+				}
+				killDuring(resumeTook, func() { c.Resume(ctx, id, 0) })
+			}
 		}
 		sbs, err := c.List(ctx, client.ListOptions{Metadata: map[string]string{"crash-round": strconv.Itoa(round)}})
 		if err != nil {
@@ -159,7 +197,6 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 		if len(sbs) > 1 {
 			t.Fatalf("round %d: %d sandboxes from one create", round, len(sbs))
 		}
-		kind := map[bool]string{true: "create", false: "destroy"}[duringCreate]
 		if len(sbs) == 0 {
 			// Killed before the record was written: nothing of the
 			// sandbox may exist, though its ID is unknown.
@@ -168,10 +205,16 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 			assertHostAsBefore(t, d, dataDir, before, free, fmt.Sprintf("round %d (never made)", round))
 			continue
 		}
-		sb := sbs[0]
+		sb := settled(t, c, sbs[0])
 		t.Logf("round %d: kill %v into %s of %s: %s %s", round, at.Round(time.Millisecond), kind, sb.ID, sb.State, sb.Error)
 		outcome[kind+": "+sb.State]++
 		switch sb.State {
+		case "paused":
+			// Paused and resumable, as it was.
+			if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
+				t.Fatalf("round %d: resume %s after the restart: %v", round, sb.ID, err)
+			}
+			fallthrough
 		case "running":
 			assertUsable(t, c, sb.ID)
 			if err := c.Destroy(ctx, sb.ID); err != nil {
@@ -192,8 +235,8 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	t.Logf("outcomes of %d kills: %v", rounds, outcome)
 	if path := os.Getenv("CUBICLE_CRASH_BENCHMARKS"); path != "" && !t.Failed() {
 		var b strings.Builder
-		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, or destroy, %v) of creates and destroys of %s desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded) or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0 (target: none; met).\n\n| kill during | outcome | n |\n|---|---|---|\n",
-			rounds, createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond), backend)
+		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, destroy, %v, pause, %v, or resume, %v) of creates, destroys, pauses and resumes of %s desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded), paused and then resumed and usable, or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0 (target: none; met).\n\n| kill during | outcome | n |\n|---|---|---|\n",
+			rounds, createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond), pauseTook.Round(time.Millisecond), resumeTook.Round(time.Millisecond), backend)
 		for _, k := range slices.Sorted(maps.Keys(outcome)) {
 			during, state, _ := strings.Cut(k, ": ")
 			fmt.Fprintf(&b, "| %s | %s | %d |\n", during, state, outcome[k])
@@ -215,6 +258,39 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	if body := metricsText(t, d); !strings.Contains(body, "cubicle_netpool_free 253") {
 		t.Errorf("metrics: want cubicle_netpool_free 253 with every address free:\n%s", grepLines(body, "netpool"))
 	}
+}
+
+// canPause reports whether sandboxes of backend can pause on the daemon.
+func canPause(t *testing.T, c *client.Client, backend string) bool {
+	t.Helper()
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range info.Backends {
+		if b.Name == backend {
+			return b.Capabilities.Pause
+		}
+	}
+	return false
+}
+
+// settled waits until sb is in no passing state: a resume the restart
+// cut short is finished by the restarted daemon, in the background.
+// pausing is never seen after a restart (a pause the kill cut short
+// leaves the sandbox running).
+func settled(t *testing.T, c *client.Client, sb client.Sandbox) client.Sandbox {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for sb.State == client.StateResuming && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		got, err := c.Get(context.Background(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb = got
+	}
+	return sb
 }
 
 // assertUsable checks that a sandbox the restarted daemon calls running

@@ -6,8 +6,10 @@
 // address pool two larger than the loops need). It runs N agent loops on
 // the gvisor backend: create a desktop → screenshot and click twice a
 // second if the machine allows (an exec every fifth time) for a few
-// minutes, an agent's task → destroy → again. Meanwhile it injects faults,
-// each kind on its own schedule: kill -9 of a sandbox's runtime processes,
+// minutes, with a pause and resume of the sandbox now and then (where the
+// backend pauses), an agent's task → destroy → again. Meanwhile it injects
+// faults, each kind on its own schedule: kill -9 of a sandbox's runtime
+// processes, the same at a random point of a pause,
 // kill -9 of cubicled itself (restarted at once), a client that disconnects mid-exec, one that
 // disconnects mid-upload, the agent's processes killed from inside the
 // sandbox, the data directory filled up, the address pool exhausted, and
@@ -88,6 +90,7 @@ type soak struct {
 	period      time.Duration // of a loop's screenshot+click
 	minRate     float64       // Hz the slowest loop must keep
 	session     time.Duration // mean time a loop keeps a sandbox
+	pauses      bool          // loops pause and resume; a fault hits a pause
 	// probeBackend is the backend of the address-pool fault's sandboxes.
 	probeBackend string
 	// rssBeforeKill is cubicled's RSS (KiB) just before each kill -9.
@@ -110,6 +113,7 @@ func run() error {
 		benchmarks = flag.String("benchmarks", "", "also write the report as the soak section of this file (BENCHMARKS.md)")
 		minRate    = flag.Float64("min-rate", 1, "screenshot+click per second the slowest loop must keep while it has a sandbox (the 1 Hz an agent loop needs); below it the run fails")
 		recovery   = flag.Duration("recovery", time.Minute, "how long a desktop may take to come back after its processes were killed inside the sandbox; errors on it after that are problems")
+		pauses     = flag.Bool("pause", true, "loops pause and resume their sandboxes now and then, and a fault kills a sandbox's runtime during a pause (where the backend can pause)")
 	)
 	flag.Parse()
 	if os.Geteuid() != 0 {
@@ -153,6 +157,17 @@ func run() error {
 
 		loopActions: map[int]int{},
 		loopInUse:   map[int]time.Duration{},
+	}
+	if *pauses {
+		info, err := s.c.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		for _, b := range info.Backends {
+			if b.Name == *backend {
+				s.pauses = b.Capabilities.Pause
+			}
+		}
 	}
 	start := time.Now()
 	rssStart := rss(d.Pid())
@@ -283,6 +298,17 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 		if err == nil {
 			err = s.timed("click", func() error { return s.c.Click(ctx, id, 100+rand.IntN(800), 100+rand.IntN(500)) })
 		}
+		if err == nil && i > 0 && i%pauseEvery == 0 && s.pauses {
+			// An agent's session paused while its user is away, and
+			// resumed: it must answer as before.
+			err = s.timed("pause", func() error { _, err := s.c.Pause(ctx, id); return err })
+			if err == nil {
+				err = s.timed("resume", func() error { _, err := s.c.Resume(ctx, id, 0); return err })
+			}
+			if err == nil {
+				s.add("pause/resume cycles", 1)
+			}
+		}
 		if err == nil && i%5 == 0 {
 			err = s.timed("exec", func() error {
 				res, err := s.c.Exec(ctx, id, client.ExecRequest{Command: "echo ok-" + strconv.Itoa(i)})
@@ -363,6 +389,12 @@ func (s *soak) injectFaults(ctx context.Context, period time.Duration) {
 		{faultPoolEmpty, s.poolExhausted},
 		{"slow clients", s.slowClients},
 	}
+	if s.pauses {
+		kinds = append(kinds, struct {
+			name string
+			f    func(context.Context, string) error
+		}{faultRuntimeKill + " during a pause", s.killDuringPause})
+	}
 	var wg sync.WaitGroup
 	for i, k := range kinds {
 		wg.Add(1)
@@ -406,6 +438,29 @@ func (s *soak) victim() string {
 		return ""
 	}
 	return ids[rand.IntN(len(ids))]
+}
+
+// pauseEvery is how many screenshot+click rounds a loop makes between
+// the pauses and resumes of its sandbox.
+const pauseEvery = 60
+
+// killDuringPause pauses a sandbox and kills its runtime's processes at
+// a random point of the pause: whatever that leaves (a sandbox still
+// running, dead, or paused) is the fault's, and destroying it must free
+// everything (the final audit checks).
+func (s *soak) killDuringPause(ctx context.Context, id string) error {
+	if len(harness.HostProcesses(id)) == 0 {
+		return errors.New("no host process")
+	}
+	s.faults.begin(faultRuntimeKill, id) // for good: the sandbox is the fault's
+	done := make(chan struct{})
+	go func() { defer close(done); s.c.Pause(ctx, id) }()
+	sleep(ctx, time.Duration(rand.Int64N(int64(4*time.Second))))
+	for _, p := range harness.HostProcesses(id) {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	<-done
+	return nil
 }
 
 func (s *soak) killRuntime(_ context.Context, id string) error {
