@@ -1,0 +1,64 @@
+package api
+
+import (
+	"strings"
+	"testing"
+
+	"golang.org/x/time/rate"
+
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// TestPauseResumeAPI checks the wire side of pause and resume: the
+// bodies each takes (none or {} for pause; an optional timeout_seconds
+// for resume), what a refused call answers, and the paused state in the
+// list filter. The manager's own rules are sandbox's tests'.
+func TestPauseResumeAPI(t *testing.T) {
+	e := newTestEnv(t, Config{CreateRate: rate.Inf})
+	for _, tt := range []struct {
+		name, method, path, body string
+		status                   int
+		code                     string
+		state                    sandbox.State // of runningID afterwards
+	}{
+		{"pause with a member", "POST", "/v1/sandboxes/" + runningID + "/pause", `{"memory":true}`, 400, codeInvalid, sandbox.StateRunning},
+		{"pause with a non-object", "POST", "/v1/sandboxes/" + runningID + "/pause", `[]`, 400, codeInvalid, sandbox.StateRunning},
+		{"pause of a stopped sandbox", "POST", "/v1/sandboxes/" + stoppedID + "/pause", ``, 409, codeConflict, sandbox.StateRunning},
+		{"pause of an unknown sandbox", "POST", "/v1/sandboxes/nope/pause", ``, 404, codeNotFound, sandbox.StateRunning},
+		{"resume of a running sandbox", "POST", "/v1/sandboxes/" + runningID + "/resume", ``, 409, codeConflict, sandbox.StateRunning},
+		{"pause", "POST", "/v1/sandboxes/" + runningID + "/pause", `{}`, 200, "", sandbox.StatePaused},
+		{"resume with a negative timeout", "POST", "/v1/sandboxes/" + runningID + "/resume", `{"timeout_seconds":-5}`, 400, codeInvalid, sandbox.StatePaused},
+		{"resume with an unknown member", "POST", "/v1/sandboxes/" + runningID + "/resume", `{"timeout":5}`, 400, codeInvalid, sandbox.StatePaused},
+		{"resume", "POST", "/v1/sandboxes/" + runningID + "/resume", `{"timeout_seconds":60}`, 200, "", sandbox.StateRunning},
+		{"pause, no body", "POST", "/v1/sandboxes/" + runningID + "/pause", ``, 200, "", sandbox.StatePaused},
+		{"resume, no body", "POST", "/v1/sandboxes/" + runningID + "/resume", ``, 200, "", sandbox.StateRunning},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := e.do(tt.method, tt.path, strings.NewReader(tt.body))
+			if tt.status == 200 {
+				sb := decode[sandbox.Sandbox](t, w, 200)
+				if sb.State != tt.state {
+					t.Errorf("answered %s, want %s", sb.State, tt.state)
+				}
+			} else {
+				wantError(t, w, tt.status, tt.code)
+			}
+			e.mgr.mu.Lock()
+			got := e.mgr.sandboxes[runningID].State
+			e.mgr.mu.Unlock()
+			if got != tt.state {
+				t.Errorf("sandbox is %s afterwards, want %s", got, tt.state)
+			}
+		})
+	}
+	if _, err := e.mgr.Pause(t.Context(), runningID); err != nil {
+		t.Fatal(err)
+	}
+	list := decode[struct{ Sandboxes []sandbox.Sandbox }](t, e.do("GET", "/v1/sandboxes?state=paused", nil), 200)
+	if len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != runningID {
+		t.Errorf("?state=paused lists %+v", list.Sandboxes)
+	}
+	for _, st := range []string{"pausing", "resuming"} {
+		decode[struct{ Sandboxes []sandbox.Sandbox }](t, e.do("GET", "/v1/sandboxes?state="+st, nil), 200)
+	}
+}
