@@ -72,8 +72,10 @@ func (s *loginSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // site (served inside the test's own network namespace) and is
 // destroyed; a new sandbox with the same profile volume at /home/user
 // opens the site already logged in, while one without it is logged out.
-// A volume in use refuses a second sandbox, and the volume and its
-// attachment survive a kill -9 of cubicled and a restart. Backends:
+// A volume in use refuses a second sandbox, also while its sandbox is
+// paused (which then resumes with its network: a reload reaches the site
+// logged in), and the volume and its attachment survive a kill -9 of
+// cubicled and a restart. Backends:
 // gvisor, runc and qemu (a virtio-blk disk the guest mounts), or those
 // CUBICLE_E2E_BACKEND names.
 func TestVolumeLogin(t *testing.T) {
@@ -203,6 +205,40 @@ func testVolumeLogin(t *testing.T, site *loginSite, backend, bridge, cidr string
 	}
 	if err := c.Destroy(bg, csb.ID); err != nil {
 		t.Fatal(err)
+	}
+
+	// Paused (where the backend pauses), bsb keeps its volume, and comes
+	// back with its page, its network and the volume as they were: a
+	// reload reaches the site, logged in.
+	if canPause(t, c, backend) {
+		if _, err := c.Pause(bg, bsb.ID); err != nil {
+			t.Fatalf("pause: %v", err)
+		}
+		if v, _ := c.GetVolume(bg, "profile-alice"); v.AttachedTo != bsb.ID {
+			t.Errorf("paused, the volume is attached to %q, want %s", v.AttachedTo, bsb.ID)
+		}
+		if _, err := c.Create(bg, client.CreateRequest{Backend: backend, Volumes: profile}); !client.IsConflict(err) {
+			t.Errorf("a second sandbox with the volume of a paused one: %v, want conflict", err)
+		}
+		if _, err := c.Resume(bg, bsb.ID, 0); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		site.mu.Lock()
+		n := len(site.seen)
+		site.mu.Unlock()
+		if _, err := c.Actions(bg, bsb.ID, client.PressKey("F5")); err != nil {
+			t.Fatal(err)
+		}
+		if !eventually(60*time.Second, func() bool {
+			site.mu.Lock()
+			defer site.mu.Unlock()
+			return len(site.seen) > n && site.seen[len(site.seen)-1] == "GET / in"
+		}) {
+			site.mu.Lock()
+			t.Errorf("after resume, a reload did not reach the site logged in: %v", site.seen[n:])
+			site.mu.Unlock()
+		}
+		shows(bsb.ID, inGreen, "the resumed sandbox")
 	}
 
 	// kill -9 and a restart: the volume, and that bsb holds it, survive.

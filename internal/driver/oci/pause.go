@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,9 +31,13 @@ import (
 // runsc 20221219 cannot save a host socket, and the agent's channel is
 // one (--host-uds); a checkpoint that meets one fails and stops the box.
 // So the agent lets go of it first (agent.HostListener): the driver asks
-// it (agentclient.PrepareCheckpoint), waits until the socket refuses
-// connections, and after a restore (or a checkpoint that failed) sends
-// the agent SIGUSR2 to listen again.
+// it (agentclient.PrepareCheckpoint), and after a restore (or a
+// checkpoint that failed) sends the agent SIGUSR2 to listen again. While
+// the agent has let go, runsc's gofer, which made the host socket, still
+// holds it and accepts a connection to it — which the sandbox then holds,
+// and the checkpoint fails on. So the socket file is moved aside first:
+// no daemon connection can reach the box from then until it listens
+// again (at the old path; the agent makes a new socket there).
 //
 // runc boxes would pause with CRIU; that is not done here (CanPause
 // says so).
@@ -123,16 +128,24 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		}
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
 	}
-	c := agentclient.New(b.DialAgent, token)
+	aside := b.socketPath() + ".pausing"
+	if err := os.Rename(b.socketPath(), aside); err != nil {
+		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
+	}
+	defer os.Remove(aside)
+	c := agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", aside)
+	}, token)
 	err = c.PrepareCheckpoint(ctx)
 	c.Close()
 	if err != nil {
 		return thaw(err)
 	}
-	// The agent closed its end of every connection and its listener
-	// before the answer's connection closed. (The socket file still
-	// accepts connections afterwards: runsc's gofer, which made the
-	// host socket, keeps a copy of it open.)
+	// The agent closed its listener and every connection before the
+	// answer's connection closed; the gofer's end of those goes on its
+	// own time.
+	time.Sleep(100 * time.Millisecond)
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return thaw(err)
 	}
