@@ -13,7 +13,7 @@ CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench lint proto clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause lint proto clean
 
 all: build
 
@@ -81,6 +81,11 @@ fuzz:
 
 bench: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md
+
+# bench-pause measures only pause, resume and cold create of the backends
+# that pause, and rewrites only that section of BENCHMARKS.md.
+bench-pause: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-pause
 
 lint:
 	gofmt -l . | (! grep .)

@@ -37,9 +37,16 @@ func main() {
 	nCreateVM := flag.Int("n-create-vm", 3, "sandboxes created for create-to-ready on emulated VM backends")
 	liveView := flag.Duration("live-view", 15*time.Second, "how long each live-view measurement pulls updates (0: skip)")
 	nPause := flag.Int("n-pause", 10, "pause/resume cycles per backend that can pause (of -create-backends)")
+	onlyPause := flag.Bool("only-pause", false, "measure only pause, resume and cold create of the backends that pause, and rewrite only that section of -out")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
-	if err := run(*imageDir, *backend, *second, *out, *n, *nSub, cfg); err != nil {
+	var err error
+	if *onlyPause {
+		err = runPause(*imageDir, *backend, *out, cfg)
+	} else {
+		err = run(*imageDir, *backend, *second, *out, *n, *nSub, cfg)
+	}
+	if err != nil {
 		log.Fatal(err)
 	}
 }
@@ -220,14 +227,7 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 		brs = append(brs, br)
 	}
 	disks := measureDisks(imageDir)
-	var prs []pauseResult
-	if info, err := c.Info(ctx); err == nil && cc.nPause > 0 {
-		for _, b := range info.Backends {
-			if b.Capabilities.Pause && slices.Contains(cc.backends, b.Name) {
-				prs = append(prs, measurePause(ctx, c, b.Name, res, cc.nPause))
-			}
-		}
-	}
+	prs := measurePauses(ctx, c, res, cc)
 
 	// The live view last: its animating page keeps the CPUs busy.
 	var lv []liveViewResult
@@ -236,9 +236,6 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	}
 
 	text := report(backend, rs, brs, disks, shotBytes, n, nSub)
-	if len(prs) > 0 {
-		text += pauseReport(prs, brs)
-	}
 	if len(lv) > 0 {
 		text += liveViewReport(lv)
 	}
@@ -246,7 +243,13 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	if kept := harness.Sections(out); kept != "" {
 		text += "\n" + kept
 	}
-	return os.WriteFile(out, []byte(text), 0o644)
+	if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
+		return err
+	}
+	if len(prs) == 0 {
+		return nil
+	}
+	return harness.ReplaceSection(out, "pause", pauseReport(prs, brs))
 }
 
 // measureNative measures the native operations on sandbox id; suffix is

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log"
+	"os"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
 // pauseResult is one backend's pause and resume figures: each on the
@@ -18,6 +20,46 @@ type pauseResult struct {
 	pause, resume result
 	bytes         []int64
 	err           error
+}
+
+// measurePauses measures every backend of cc that can pause here.
+func measurePauses(ctx context.Context, c *client.Client, res client.Resolution, cc createConfig) []pauseResult {
+	var prs []pauseResult
+	info, err := c.Info(ctx)
+	if err != nil || cc.nPause <= 0 {
+		return nil
+	}
+	for _, b := range info.Backends {
+		if b.Capabilities.Pause && slices.Contains(cc.backends, b.Name) {
+			prs = append(prs, measurePause(ctx, c, b.Name, res, cc.nPause))
+		}
+	}
+	return prs
+}
+
+// runPause is `bench -only-pause`: cold create and pause/resume of the
+// backends that pause, in one run, written to the pause section of out.
+func runPause(imageDir, backend, out string, cc createConfig) error {
+	defer harness.RemoveBuild()
+	ctx := context.Background()
+	dataDir, err := os.MkdirTemp("", "cubicle-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dataDir)
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir, DefaultBackend: backend})
+	if err != nil {
+		return err
+	}
+	defer d.Stop()
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
+	res := client.Resolution{Width: 1024, Height: 768}
+	prs := measurePauses(ctx, c, res, cc)
+	var brs []backendResult
+	for _, pr := range prs {
+		brs = append(brs, measureCreate(ctx, c, pr.backend, res, cc))
+	}
+	return harness.ReplaceSection(out, "pause", pauseReport(prs, brs))
 }
 
 // measurePause pauses and resumes one desktop of backend n times.
@@ -76,7 +118,7 @@ func medianBytes(v []int64) int64 {
 // create in the same run and against the published anchors.
 func pauseReport(prs []pauseResult, brs []backendResult) string {
 	var b strings.Builder
-	b.WriteString("\n## Pause and resume\n\n")
+	b.WriteString("## Pause and resume (make bench; bench -only-pause)\n\n")
 	b.WriteString("One desktop per backend (1024×768, Chromium on the busy page), paused and resumed through the REST API; a screenshot after each resume. A paused sandbox holds no process and no memory: only the files below. Anchors: E2B's published resume of about 1 s; Firecracker's documented snapshot load of about 3 ms (KVM, memory mapped from the file; not measurable here).\n\n")
 	b.WriteString("| backend | cycles | pause p50 | pause p95 | resume p50 | resume p95 | paused size (median) | cold create p50, same run | resume vs cold create | vs E2B's ~1 s resume |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, pr := range prs {
