@@ -120,6 +120,12 @@ type Pauser interface {
 	// Discard removes what a paused box holds (its files). It is safe
 	// to call more than once.
 	Discard(ctx context.Context, p Paused) error
+	// Settle decides a pause that an earlier daemon's death cut short,
+	// from the State of the box it was pausing: it waits for what that
+	// pause left going, and returns the box running again, or its saved
+	// state when the pause got far enough, or neither when the box is
+	// gone (the caller then frees what is left, as of a dead box).
+	Settle(ctx context.Context, st State) (Box, *Paused, error)
 }
 
 // ErrResumeLost is wrapped by a Resume that failed after the box ran

@@ -243,7 +243,7 @@ func (m *Manager) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	adopted := m.adoptAll(ctx, recs)
+	adopted, settled := m.adoptAll(ctx, recs)
 	keep := make(map[string]map[string]bool) // backend → ids
 	var resume []string                      // paused sandboxes whose resume was cut short
 	for _, r := range recs {
@@ -253,6 +253,17 @@ func (m *Manager) recover(ctx context.Context) error {
 		case StateStopped, StateFailed:
 			m.entries[id] = &entry{rec: r, started: closedChan(), ending: closedChan(), stopped: closedChan()}
 			continue
+		}
+		if p := settled[id]; p != nil {
+			// A pause the daemon's death cut short went far enough.
+			if err := r.move(StatePaused); err != nil {
+				return err
+			}
+			m.savedAs(r, *p, m.cfg.Clock.Now())
+			if err := m.store.put(r); err != nil {
+				return err
+			}
+			log.Info("a pause cut short by the daemon's stop had saved the sandbox: paused")
 		}
 		if st := r.Sandbox.State; (st == StatePaused || st == StateResuming) && r.DriverState != nil {
 			// Saved on disk: kept as it is. A resume the daemon's end
@@ -370,13 +381,14 @@ func (m *Manager) recover(ctx context.Context) error {
 // runc call, which takes a second or more on a loaded host), and the API
 // is down until recovery ends: one at a time, a soak saw a restart with
 // 13 sandboxes take over 30 s.
-func (m *Manager) adoptAll(ctx context.Context, recs []*record) map[string]driver.Box {
+func (m *Manager) adoptAll(ctx context.Context, recs []*record) (map[string]driver.Box, map[string]*driver.Paused) {
 	const parallel = 8
 	var (
-		mu   sync.Mutex
-		out  = make(map[string]driver.Box)
-		wg   sync.WaitGroup
-		sema = make(chan struct{}, parallel)
+		mu     sync.Mutex
+		out    = make(map[string]driver.Box)
+		paused = make(map[string]*driver.Paused)
+		wg     sync.WaitGroup
+		sema   = make(chan struct{}, parallel)
 	)
 	for _, r := range recs {
 		d, ok := m.cfg.Drivers[r.Sandbox.Backend]
@@ -388,18 +400,33 @@ func (m *Manager) adoptAll(ctx context.Context, recs []*record) map[string]drive
 			defer wg.Done()
 			sema <- struct{}{}
 			defer func() { <-sema }()
-			box, err := d.Adopt(ctx, *r.DriverState)
+			var (
+				box driver.Box
+				p   *driver.Paused
+				err error
+			)
+			if pr, ok := d.(driver.Pauser); ok && r.Sandbox.State == StatePausing {
+				// What the pause the daemon's death cut short left.
+				box, p, err = pr.Settle(ctx, *r.DriverState)
+			} else {
+				box, err = d.Adopt(ctx, *r.DriverState)
+			}
 			if err != nil {
 				m.log.Warn("cannot re-adopt sandbox", "sandbox", r.Sandbox.ID, "err", err)
 				return
 			}
 			mu.Lock()
-			out[r.Sandbox.ID] = box
+			if box != nil {
+				out[r.Sandbox.ID] = box
+			}
+			if p != nil {
+				paused[r.Sandbox.ID] = p
+			}
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	return out
+	return out, paused
 }
 
 func closedChan() chan struct{} {

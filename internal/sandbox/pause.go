@@ -104,17 +104,7 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, p driver.Pauser) (_
 		e.client.Close()
 	}
 	e.box, e.client, e.paused = nil, nil, &paused
-	e.rec.DriverState = &paused.State
-	e.rec.Sandbox.PausedBytes = paused.Bytes
-	e.rec.Sandbox.PausedAt = now
-	e.rec.Life = -1
-	if !e.rec.Sandbox.ExpiresAt.IsZero() {
-		e.rec.Life = max(e.rec.Sandbox.ExpiresAt.Sub(now), 0)
-	}
-	e.rec.Sandbox.ExpiresAt = time.Time{}
-	if life := m.cfg.PausedLifetime; life > 0 {
-		e.rec.Sandbox.ExpiresAt = now.Add(life)
-	}
+	m.savedAs(e.rec, paused, now)
 	if e.rec.Sandbox.State != StatePausing {
 		// Destroyed meanwhile: teardown, waiting for e.op, discards it.
 		m.mu.Unlock()
@@ -235,6 +225,22 @@ func (m *Manager) resumeLocked(ctx context.Context, e *entry, p driver.Pauser, t
 		m.syncClock(e, client)
 	}
 	return sb, false, nil
+}
+
+// savedAs records in r that its box is saved as p since now: the
+// running time it had left is kept for the resume, and it expires at the
+// paused lifetime.
+func (m *Manager) savedAs(r *record, p driver.Paused, now time.Time) {
+	r.DriverState = &p.State
+	r.Sandbox.PausedBytes, r.Sandbox.PausedAt = p.Bytes, now
+	r.Life = -1
+	if !r.Sandbox.ExpiresAt.IsZero() {
+		r.Life = max(r.Sandbox.ExpiresAt.Sub(now), 0)
+	}
+	r.Sandbox.ExpiresAt = time.Time{}
+	if life := m.cfg.PausedLifetime; life > 0 {
+		r.Sandbox.ExpiresAt = now.Add(life)
+	}
 }
 
 // resumedExpiry is when a sandbox resumed at now expires (zero: never).

@@ -87,6 +87,24 @@ func (d *pausingDriver) Discard(ctx context.Context, p driver.Paused) error {
 	return nil
 }
 
+func (d *pausingDriver) Settle(ctx context.Context, st driver.State) (driver.Box, *driver.Paused, error) {
+	var id string
+	if err := json.Unmarshal(st.Data, &id); err != nil {
+		return nil, nil, err
+	}
+	d.pmu.Lock()
+	saved := d.saved[id]
+	d.pmu.Unlock()
+	if saved {
+		return nil, &driver.Paused{State: st, Bytes: 8192}, nil
+	}
+	b, err := d.Adopt(ctx, st)
+	if err != nil {
+		return nil, nil, nil // gone
+	}
+	return b, nil, nil
+}
+
 func (d *pausingDriver) savedCount() int {
 	d.pmu.Lock()
 	defer d.pmu.Unlock()
@@ -412,10 +430,20 @@ func TestPausedSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	c, _ := m.Create(ctx, CreateRequest{}, true)
+	e, _ := m.Create(ctx, CreateRequest{}, true)
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
-	// The daemon died resuming b, and pausing c.
+	// The daemon died resuming b, pausing c (its box runs on), and
+	// pausing e, whose box was saved all the same (a checkpoint goes on
+	// without the daemon).
+	d.mu.Lock()
+	ebox := d.boxes[e.ID]
+	d.mu.Unlock()
+	ebox.Stop(ctx)
+	d.pmu.Lock()
+	d.saved[e.ID] = true
+	d.pmu.Unlock()
 	st, err := openStore(dataDir)
 	if err != nil {
 		t.Fatal(err)
@@ -425,7 +453,7 @@ func TestPausedSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range recs {
-		if state, ok := map[string]State{b.ID: StateResuming, c.ID: StatePausing}[r.Sandbox.ID]; ok {
+		if state, ok := map[string]State{b.ID: StateResuming, c.ID: StatePausing, e.ID: StatePausing}[r.Sandbox.ID]; ok {
 			r.Sandbox.State = state
 			if err := st.put(r); err != nil {
 				t.Fatal(err)
@@ -442,6 +470,9 @@ func TestPausedSurvivesRestart(t *testing.T) {
 	waitState(t, m2, b.ID, StateRunning)
 	if got, _ := m2.Get(ctx, c.ID); got.State != StateRunning {
 		t.Errorf("c, left pausing with its box running: %s, want running", got.State)
+	}
+	if got, _ := m2.Get(ctx, e.ID); got.State != StatePaused || got.PausedBytes != 8192 || got.ExpiresAt.IsZero() {
+		t.Errorf("e, left pausing with its box saved: %+v, want paused", got)
 	}
 	if _, err := m2.Resume(ctx, a.ID, 0); !errors.Is(err, errdefs.ErrCapacity) {
 		t.Errorf("resume of a with b and c running in a daemon of 2: %v, want ErrCapacity", err)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
+	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
 // Pause and resume of gVisor boxes are runsc checkpoint and restore: the
@@ -117,6 +119,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	// thaw makes the agent listen again on a box that runs on.
 	thaw := func(cause error) (driver.Paused, error) {
 		os.RemoveAll(img)
+		putBack(b.socketPath())
 		if isClosed(b.dead) {
 			return driver.Paused{}, fmt.Errorf("pause %s: %w (the box ended)", id, cause)
 		}
@@ -128,11 +131,10 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		}
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
 	}
-	aside := b.socketPath() + ".pausing"
+	aside := b.socketPath() + asideSuffix
 	if err := os.Rename(b.socketPath(), aside); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
-	defer os.Remove(aside)
 	c := agentclient.New(func(ctx context.Context) (net.Conn, error) {
 		var dl net.Dialer
 		return dl.DialContext(ctx, "unix", aside)
@@ -164,11 +166,25 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if alive(b.data.Pid) {
 		return driver.Paused{}, fmt.Errorf("pause %s: sandbox pid %d still alive after the checkpoint", id, b.data.Pid)
 	}
+	os.Remove(aside)
 	b.stopWatch()
 	b.stopped = true // the directory is the paused box's now: Stop must not remove it
 	data := b.data
 	data.Paused, data.Pid = true, 0
 	return driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(dir)}, nil
+}
+
+// asideSuffix names the agent's socket file while a pause has moved it
+// aside.
+const asideSuffix = ".pausing"
+
+// putBack moves the agent's socket file at sock back from aside, where a
+// pause that did not happen left it: an agent that still listens is
+// reachable again, and one that let go makes a new socket there anyway.
+func putBack(sock string) {
+	if _, err := os.Lstat(sock + asideSuffix); err == nil {
+		_ = os.Rename(sock+asideSuffix, sock)
+	}
 }
 
 // reopen tells the agent of box id to listen on its socket again
@@ -332,4 +348,52 @@ func treeBytes(root string) int64 {
 		return nil
 	})
 	return n
+}
+
+// Settle decides a pause a killed daemon left. Its runsc checkpoint runs
+// on without the daemon (and ends the box when it is done), so it is
+// waited for first. Then a box still running had its agent let go of
+// its socket, perhaps: it is told to listen again and runs on. A box the
+// checkpoint ended, with the checkpoint's image there, is paused; one
+// without is gone.
+func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driver.Paused, error) {
+	data, err := d.decode(st)
+	if err != nil {
+		return nil, nil, fmt.Errorf("settle: %w", err)
+	}
+	if !d.isRunsc() || data.Paused {
+		b, err := d.Adopt(ctx, st)
+		return b, nil, err
+	}
+	img := filepath.Join(data.Dir, checkpointDir)
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		ps, _ := procwatch.FindOwn(func(argv []string) bool {
+			return slices.Contains(argv, "checkpoint") && slices.Contains(argv, img)
+		})
+		if len(ps) == 0 {
+			break
+		}
+	}
+	sock := filepath.Join(data.Dir, "run", "agent.sock")
+	if cs, v, _ := d.probe(ctx, data.ID); v == verdictRunning {
+		os.RemoveAll(img)
+		putBack(sock)
+		data.Pid = cs.Pid
+		b := newBox(d, data)
+		_ = d.reopen(ctx, data.ID) // a no-op for an agent that did not let go
+		if err := b.waitAgent(ctx); err != nil {
+			b.stopWatch()
+			return nil, nil, fmt.Errorf("settle %s: %w", data.ID, err)
+		}
+		return b, nil, nil
+	}
+	if fi, err := os.Stat(filepath.Join(img, "checkpoint.img")); err != nil || fi.Size() == 0 {
+		return nil, nil, nil
+	}
+	if err := d.deleteContainer(ctx, data.ID); err != nil {
+		return nil, nil, fmt.Errorf("settle %s: delete the checkpointed container: %w", data.ID, err)
+	}
+	os.Remove(sock + asideSuffix)
+	data.Paused, data.Pid = true, 0
+	return nil, &driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(data.Dir)}, nil
 }

@@ -415,3 +415,30 @@ func isClosed(c <-chan struct{}) bool {
 		return false
 	}
 }
+
+// Settle decides a pause a killed daemon left: a VM still running (its
+// vCPUs perhaps stopped, its migration perhaps done) is thawed and runs
+// on, as Adopt does; a VM that had quit with box.json saying paused (the
+// daemon died before its store did) is paused.
+func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driver.Paused, error) {
+	data, err := d.decode(st)
+	if err != nil {
+		return nil, nil, fmt.Errorf("settle: %w", err)
+	}
+	if raw, err := os.ReadFile(filepath.Join(data.Dir, "box.json")); err == nil {
+		var disk boxData
+		if json.Unmarshal(raw, &disk) == nil && disk.ID == data.ID && disk.Paused {
+			if _, err := os.Stat(filepath.Join(data.Dir, memoryFile)); err == nil {
+				return nil, &driver.Paused{State: stateOf(d, disk), Bytes: diskBytes(data.Dir)}, nil
+			}
+		}
+	}
+	b, err := d.Adopt(ctx, st)
+	if err != nil {
+		return nil, nil, err
+	}
+	if isClosed(b.Wait()) {
+		return nil, nil, nil
+	}
+	return b, nil, nil
+}
