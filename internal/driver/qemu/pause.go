@@ -84,9 +84,20 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	defer q.Close()
 	part := filepath.Join(dir, memoryPart)
 	fail := func(err error) (driver.Paused, error) {
-		// The VM goes on as it was: the stream is not used.
-		if _, cerr := q.run("cont", nil); cerr != nil {
+		// The VM goes on as it was: the stream is not used. On a
+		// connection of its own, since ctx may be what ended the pause
+		// (QMP serves one connection at a time: this one goes first).
+		q.Close()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if cq, cerr := dialQMP(cctx, filepath.Join(dir, "qmp.sock")); cerr != nil {
 			err = errors.Join(err, cerr)
+		} else {
+			_, _ = cq.run("migrate_cancel", nil)
+			if _, cerr := cq.run("cont", nil); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			cq.Close()
 		}
 		os.Remove(part)
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
@@ -104,9 +115,6 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		return fail(err)
 	}
 	if err := waitMigration(ctx, q); err != nil {
-		if ctx.Err() != nil {
-			_, _ = q.run("migrate_cancel", nil)
-		}
 		return fail(err)
 	}
 	if err := syncFile(part); err != nil {
