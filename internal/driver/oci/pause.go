@@ -1,10 +1,12 @@
 package oci
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -126,7 +128,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		if err := d.reopen(ctx, id); err != nil {
 			cause = errors.Join(cause, err)
 		}
-		if err := b.waitAgent(ctx); err != nil {
+		if err := b.waitServing(ctx); err != nil {
 			cause = errors.Join(cause, fmt.Errorf("agent after a failed pause: %w", err))
 		}
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
@@ -174,6 +176,53 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	return driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(dir)}, nil
 }
 
+// waitServing waits until the agent answers GET /health on its socket
+// (each try bounded by a second), the box dies, or ctx ends. After a
+// pause the socket file accepting a connection says nothing: runsc's
+// gofer holds a copy of the host socket the agent let go of, and
+// accepts on it though nobody serves.
+func (b *box) waitServing(ctx context.Context) error {
+	var last error
+	for {
+		last = b.health(ctx)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent not serving: %w (last: %v)", ctx.Err(), last)
+		case <-b.dead:
+			return fmt.Errorf("box ended before its agent served again (last: %v)", last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// health sends one GET /health and reads the status line.
+func (b *box) health(ctx context.Context) error {
+	hctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	c, err := dialAgent(hctx, b.data.Dir)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if dl, ok := hctx.Deadline(); ok {
+		c.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n"); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "HTTP/1.1 2") {
+		return fmt.Errorf("agent health: %q", strings.TrimSpace(line))
+	}
+	return nil
+}
+
 // asideSuffix names the agent's socket file while a pause has moved it
 // aside.
 const asideSuffix = ".pausing"
@@ -188,9 +237,12 @@ func putBack(sock string) {
 }
 
 // reopen tells the agent of box id to listen on its socket again
-// (agent.ReopenSignal, SIGUSR2, to the box's init).
+// (agent.ReopenSignal, SIGUSR2, to the box's init), and gives it a moment
+// to: a connection made before it does may reach the gofer's copy of the
+// old socket instead, which serves nobody.
 func (d *Driver) reopen(ctx context.Context, id string) error {
 	_, err := d.output(ctx, "kill", id, "USR2")
+	time.Sleep(100 * time.Millisecond)
 	return err
 }
 
@@ -222,7 +274,7 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 		nd.Pid = cs.Pid
 		b := newBox(d, nd)
 		_ = d.reopen(ctx, id)
-		if err := b.waitAgent(ctx); err != nil {
+		if err := b.waitServing(ctx); err != nil {
 			return nil, fmt.Errorf("resume %s: the box an earlier resume restored: %w", id, err)
 		}
 		os.RemoveAll(img)
@@ -274,7 +326,7 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 		b.stopWatch()
 		return nil, err
 	}
-	if err := b.waitAgent(ctx); err != nil {
+	if err := b.waitServing(ctx); err != nil {
 		b.stopWatch()
 		return nil, err
 	}
@@ -381,7 +433,7 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 		data.Pid = cs.Pid
 		b := newBox(d, data)
 		_ = d.reopen(ctx, data.ID) // a no-op for an agent that did not let go
-		if err := b.waitAgent(ctx); err != nil {
+		if err := b.waitServing(ctx); err != nil {
 			b.stopWatch()
 			return nil, nil, fmt.Errorf("settle %s: %w", data.ID, err)
 		}
