@@ -55,8 +55,8 @@ type newSandbox struct {
 	AutoResume          *struct {
 		Enabled *bool `json:"enabled"`
 	} `json:"autoResume"`
-	Network             *networkConfig    `json:"network"`
-	VolumeMounts        []json.RawMessage `json:"volumeMounts"`
+	Network      *networkConfig    `json:"network"`
+	VolumeMounts []json.RawMessage `json:"volumeMounts"`
 }
 
 // networkConfig is the part of E2B's SandboxNetworkConfig that changes
