@@ -5,8 +5,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // CheckpointPath is the agent endpoint a host calls before it
@@ -110,25 +112,44 @@ func (l *HostListener) Detach() {
 	l.log.Info("agent socket detached for a checkpoint", "path", l.path)
 }
 
-// Reopen listens again after a Detach; it is a no-op while listening.
+// Reopen listens on the socket's path again: after a Detach, and also
+// when the listener never detached (a pause cut short after the host
+// moved its socket file away), since the host cannot tell which and
+// makes the path free before it asks. The old listener, if any, is
+// closed; its connections are kept.
 func (l *HostListener) Reopen() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ln != nil {
-		return nil
-	}
 	select {
 	case <-l.closed:
 		return net.ErrClosed
 	default:
 	}
-	ln, err := ListenUnix(l.path)
+	var ln net.Listener
+	var err error
+	for range 3 {
+		if ln, err = ListenUnix(l.path); err == nil {
+			break
+		}
+		// gVisor may still think a socket is there that the host
+		// removed: ask it to forget it, and try again.
+		_ = os.Remove(l.path)
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil {
 		return fmt.Errorf("listen again after restore: %w", err)
 	}
+	old := l.ln
 	l.ln = ln
-	close(l.listened)
-	l.log.Info("agent socket listening again after restore", "path", l.path)
+	if old == nil {
+		close(l.listened)
+	} else {
+		if ul, ok := old.(*net.UnixListener); ok {
+			ul.SetUnlinkOnClose(false) // the path is the new socket's now
+		}
+		old.Close()
+	}
+	l.log.Info("agent socket listening again", "path", l.path)
 	return nil
 }
 

@@ -118,22 +118,19 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := os.RemoveAll(img); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
+	aside := b.socketPath() + asideSuffix
 	// thaw makes the agent listen again on a box that runs on.
 	thaw := func(cause error) (driver.Paused, error) {
 		os.RemoveAll(img)
-		putBack(b.socketPath())
 		if isClosed(b.dead) {
+			os.Remove(aside)
 			return driver.Paused{}, fmt.Errorf("pause %s: %w (the box ended)", id, cause)
 		}
-		if err := d.reopen(ctx, id); err != nil {
-			cause = errors.Join(cause, err)
-		}
-		if err := b.waitServing(ctx); err != nil {
+		if err := d.relisten(ctx, b); err != nil {
 			cause = errors.Join(cause, fmt.Errorf("agent after a failed pause: %w", err))
 		}
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
 	}
-	aside := b.socketPath() + asideSuffix
 	if err := os.Rename(b.socketPath(), aside); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
@@ -227,23 +224,21 @@ func (b *box) health(ctx context.Context) error {
 // aside.
 const asideSuffix = ".pausing"
 
-// putBack moves the agent's socket file at sock back from aside, where a
-// pause that did not happen left it: an agent that still listens is
-// reachable again, and one that let go makes a new socket there anyway.
-func putBack(sock string) {
-	if _, err := os.Lstat(sock + asideSuffix); err == nil {
-		_ = os.Rename(sock+asideSuffix, sock)
+// relisten makes the agent of box b listen on its socket's path again
+// and waits until it answers. The host frees the path first (the socket
+// file, or the one a pause moved aside): what is there may be the copy
+// of the old socket that runsc's gofer holds, which accepts connections
+// and serves nobody. Then SIGUSR2 (agent.ReopenSignal, to the box's
+// init) has the agent bind a new one there, whether it had let go of
+// the old one or not.
+func (d *Driver) relisten(ctx context.Context, b *box) error {
+	sock := b.socketPath()
+	os.Remove(sock)
+	os.Remove(sock + asideSuffix)
+	if _, err := d.output(ctx, "kill", b.data.ID, "USR2"); err != nil {
+		return err
 	}
-}
-
-// reopen tells the agent of box id to listen on its socket again
-// (agent.ReopenSignal, SIGUSR2, to the box's init), and gives it a moment
-// to: a connection made before it does may reach the gofer's copy of the
-// old socket instead, which serves nobody.
-func (d *Driver) reopen(ctx context.Context, id string) error {
-	_, err := d.output(ctx, "kill", id, "USR2")
-	time.Sleep(100 * time.Millisecond)
-	return err
+	return b.waitServing(ctx)
 }
 
 // Resume restores a paused gVisor box from its checkpoint.
@@ -273,8 +268,8 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 	if cs, v, _ := d.probe(ctx, id); v == verdictRunning {
 		nd.Pid = cs.Pid
 		b := newBox(d, nd)
-		_ = d.reopen(ctx, id)
-		if err := b.waitServing(ctx); err != nil {
+		if err := d.relisten(ctx, b); err != nil {
+			b.stopWatch()
 			return nil, fmt.Errorf("resume %s: the box an earlier resume restored: %w", id, err)
 		}
 		os.RemoveAll(img)
@@ -322,11 +317,7 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 	}
 	nd.Pid = pid
 	b := newBox(d, nd)
-	if err := d.reopen(ctx, id); err != nil {
-		b.stopWatch()
-		return nil, err
-	}
-	if err := b.waitServing(ctx); err != nil {
+	if err := d.relisten(ctx, b); err != nil {
 		b.stopWatch()
 		return nil, err
 	}
@@ -429,11 +420,11 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 	sock := filepath.Join(data.Dir, "run", "agent.sock")
 	if cs, v, _ := d.probe(ctx, data.ID); v == verdictRunning {
 		os.RemoveAll(img)
-		putBack(sock)
 		data.Pid = cs.Pid
 		b := newBox(d, data)
-		_ = d.reopen(ctx, data.ID) // a no-op for an agent that did not let go
-		if err := b.waitServing(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := d.relisten(sctx, b); err != nil {
 			b.stopWatch()
 			return nil, nil, fmt.Errorf("settle %s: %w", data.ID, err)
 		}
@@ -445,6 +436,7 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 	if err := d.deleteContainer(ctx, data.ID); err != nil {
 		return nil, nil, fmt.Errorf("settle %s: delete the checkpointed container: %w", data.ID, err)
 	}
+	os.Remove(sock)
 	os.Remove(sock + asideSuffix)
 	data.Paused, data.Pid = true, 0
 	return nil, &driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(data.Dir)}, nil
