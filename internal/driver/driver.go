@@ -128,6 +128,11 @@ type Pauser interface {
 	Settle(ctx context.Context, st State) (Box, *Paused, error)
 }
 
+// ErrNotPausableNow is wrapped by a Pause refused before anything was
+// done, for what the box holds at the moment (gVisor: an open TCP
+// connection): the box runs on, and a later pause may succeed.
+var ErrNotPausableNow = errors.New("the box cannot be paused as it is now")
+
 // ErrResumeLost is wrapped by a Resume that failed after the box ran
 // again: its saved state is behind its disk now and cannot be resumed.
 var ErrResumeLost = errors.New("the box ran again before its resume failed; its saved state is lost")

@@ -97,6 +97,9 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, p driver.Pauser) (_
 				log.Warn("persist running", "err", err)
 			}
 		}
+		if errors.Is(perr, driver.ErrNotPausableNow) {
+			return Sandbox{}, false, errdefs.Conflict("sandbox %s cannot pause now; it runs on: %v", id, perr)
+		}
 		m.m.PauseFailures.WithLabelValues(e.rec.Sandbox.Backend).Inc()
 		return Sandbox{}, isClosed(box.Wait()), errdefs.New(errdefs.ErrUnavailable, "pause sandbox %s: %v", id, perr)
 	}

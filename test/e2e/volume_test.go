@@ -210,10 +210,26 @@ func testVolumeLogin(t *testing.T, site *loginSite, backend, bridge, cidr string
 	// Paused (where the backend pauses), bsb keeps its volume, and comes
 	// back with its page, its network and the volume as they were: a
 	// reload reaches the site, logged in.
+	paused := false
 	if canPause(t, c, backend) {
-		if _, err := c.Pause(bg, bsb.ID); err != nil {
+		_, err := c.Pause(bg, bsb.ID)
+		switch {
+		case err == nil:
+			paused = true
+		case backend == "gvisor" && client.IsConflict(err) && strings.Contains(err.Error(), "open TCP connection"):
+			// runsc 20221219 cannot save an open TCP connection, and
+			// the browser keeps its connection to the site: refused
+			// before anything was done, the sandbox runs on.
+			t.Logf("pause refused, as it must be on this gVisor: %v", err)
+			if got, _ := c.Get(bg, bsb.ID); got.State != client.StateRunning {
+				t.Errorf("after the refused pause the sandbox is %s", got.State)
+			}
+			shows(bsb.ID, inGreen, "the sandbox whose pause was refused")
+		default:
 			t.Fatalf("pause: %v", err)
 		}
+	}
+	if paused {
 		if v, _ := c.GetVolume(bg, "profile-alice"); v.AttachedTo != bsb.ID {
 			t.Errorf("paused, the volume is attached to %q, want %s", v.AttachedTo, bsb.ID)
 		}
