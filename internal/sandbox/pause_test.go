@@ -44,6 +44,9 @@ func (d *pausingDriver) Pause(ctx context.Context, b driver.Box) (driver.Paused,
 	if err := fb.Stop(ctx); err != nil {
 		return driver.Paused{}, err
 	}
+	// As a real backend's: the box has ended a moment before Pause
+	// returns (its watcher must not take it for dead).
+	time.Sleep(20 * time.Millisecond)
 	d.pmu.Lock()
 	d.saved[fb.id] = true
 	d.pmu.Unlock()
@@ -485,5 +488,29 @@ func TestPausedSurvivesRestart(t *testing.T) {
 	}
 	if _, err := m2.Agent(ctx, a.ID); err != nil {
 		t.Errorf("agent of a resumed after restart: %v", err)
+	}
+}
+
+// TestAutoPauseOfPaused checks that an auto-pause finding its sandbox
+// paused by someone else meanwhile leaves it paused: the reaper's
+// fallback (destroy) is only for a sandbox that could not pause.
+func TestAutoPauseOfPaused(t *testing.T) {
+	ctx := context.Background()
+	d := newPausingDriver(t)
+	m := newPauseManager(t, d, t.TempDir(), &fakeClock{now: time.Now()})
+	defer m.Close()
+	a, err := m.Create(ctx, CreateRequest{AutoPause: true}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Pause(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := m.entry(a.ID)
+	if !m.autoPause(e, "expired") {
+		t.Error("autoPause of a paused sandbox reported failure: the reaper would destroy it")
+	}
+	if got, _ := m.Get(ctx, a.ID); got.State != StatePaused || d.savedCount() != 1 {
+		t.Errorf("after the auto-pause: %s, %d saved; want paused, 1", got.State, d.savedCount())
 	}
 }

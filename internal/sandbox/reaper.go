@@ -146,6 +146,14 @@ func (m *Manager) retryStop(e *entry) {
 func (m *Manager) autoPause(e *entry, reason string) bool {
 	id := e.rec.Sandbox.ID
 	if _, err := m.Pause(m.ctx, id); err != nil {
+		m.mu.Lock()
+		st := e.rec.Sandbox.State
+		m.mu.Unlock()
+		if st != StateRunning {
+			// Paused (or being paused, resumed or destroyed) by another
+			// path meanwhile: nothing of it is the reaper's to end.
+			return true
+		}
 		m.log.Warn("auto-pause failed; the sandbox is destroyed", "sandbox", id, "reason", reason, "err", err)
 		return false
 	}

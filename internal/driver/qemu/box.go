@@ -285,9 +285,10 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 	}
 	if len(data.Argv) > 0 {
 		// Only a daemon that could pause can have left one half paused.
-		if err := thaw(ctx, data); err != nil {
-			return nil, fmt.Errorf("adopt %s: thaw a VM left pausing: %w", data.ID, err)
-		}
+		// A thaw that fails (QMP slow on a loaded host) does not make a
+		// running VM an orphan to kill: it is adopted all the same, and
+		// a VM left frozen shows as one that does not answer.
+		_ = thaw(ctx, data)
 	}
 	return newBox(d, data, nil), nil
 }
