@@ -398,7 +398,7 @@ describe('e2b SDK, pause and resume', { timeout: 10 * 60 * 1000 }, () => {
       // In memory only (/tmp is a tmpfs), and a process with a shell
       // variable that counts.
       await sbx.commands.run('echo kept > /tmp/paused-file')
-      const bg = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.2; done', { background: true })
+      const bg = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count.part; mv /tmp/count.part /tmp/count; sleep 0.2; done', { background: true })
       await waitFor('the counter', async () => (await sbx.commands.run('cat /tmp/count || true')).stdout.trim() !== '')
       const before = Number((await sbx.commands.run('cat /tmp/count')).stdout)
       assert.equal(await sbx.pause(), true)

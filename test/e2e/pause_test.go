@@ -98,7 +98,7 @@ func testPauseResume(t *testing.T, backend string) {
 		t.Fatal(err)
 	}
 	waitFor(t, "typed text in the page", func() bool { _, s := pageState(t, c, sb.ID); return s == typed })
-	shPid, err := c.Exec(bg, sb.ID, client.ExecRequest{Command: `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/sh-count; sleep 0.2; done' >/dev/null 2>&1 & echo $!`})
+	shPid, err := c.Exec(bg, sb.ID, client.ExecRequest{Command: `nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/sh-count.part; mv /tmp/sh-count.part /tmp/sh-count; sleep 0.2; done' >/dev/null 2>&1 & echo $!`})
 	if err != nil || shPid.ExitCode != 0 {
 		t.Fatalf("start shell counter: %+v %v", shPid, err)
 	}

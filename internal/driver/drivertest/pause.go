@@ -50,7 +50,8 @@ func (s *suite) pauseResume(t *testing.T, d driver.Driver, sb *sbox) {
 	exec("mkdir -p /dev/shm && printf %s " + sb.token + " > " + shm)
 	count := func() int {
 		t.Helper()
-		n, err := strconv.Atoi(exec("cat /tmp/drivertest-count"))
+		// 0 until the counter has written its first value.
+		n, err := strconv.Atoi(exec("cat /tmp/drivertest-count 2>/dev/null || echo 0"))
 		if err != nil {
 			t.Fatalf("count: %v", err)
 		}
