@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -249,11 +250,31 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 	if err := qmpCommand(ctx, filepath.Join(dir, "qmp.sock"), "cont"); err != nil {
 		return nil, err
 	}
+	kickGuestSession(ctx, dir)
 	if err := b.waitAgentEvery(ctx, 2*time.Second); err != nil {
 		return nil, err
 	}
 	os.Remove(filepath.Join(dir, memoryResumed))
 	return b, nil
+}
+
+// kickGuestSession ends the agent channel's session the guest kept
+// through the pause. Its end of the yamux session of the host before the
+// pause is in the guest's memory, and a new host session that it took
+// for the old one answered a first probe and then broke on the old
+// session's frames (EOF on the next requests). Bytes no yamux session
+// can read make the guest's drop it and start a new one, whichever it
+// had; the probes that follow reach that one.
+func kickGuestSession(ctx context.Context, dir string) {
+	kctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := dialUnix(kctx, filepath.Join(dir, "agent.sock"))
+	if err != nil {
+		return
+	}
+	_, _ = c.Write(bytes.Repeat([]byte{0xff}, 12)) // not yamux version 0
+	time.Sleep(300 * time.Millisecond)             // the guest reads them before anything else
+	c.Close()
 }
 
 // waitIncoming waits until the VM has loaded its memory and holds its
