@@ -106,6 +106,41 @@ type apiInstanceInfo struct {
 	VMMVersion string `json:"vmm_version"`
 }
 
+// apiVM is the Vm definition (PATCH /vm): the microVM's run state.
+type apiVM struct {
+	State string `json:"state"` // vmPaused or vmResumed
+}
+
+// States of apiVM.
+const (
+	vmPaused  = "Paused"
+	vmResumed = "Resumed"
+)
+
+// apiSnapshotCreate is the SnapshotCreateParams definition (PUT
+// /snapshot/create). Paths are as the jailed Firecracker sees them.
+type apiSnapshotCreate struct {
+	SnapshotType string `json:"snapshot_type"` // "Full"
+	SnapshotPath string `json:"snapshot_path"`
+	MemFilePath  string `json:"mem_file_path"`
+}
+
+// apiSnapshotLoad is the SnapshotLoadParams definition (PUT
+// /snapshot/load), with the memory backend form (mem_file_path is
+// deprecated).
+type apiSnapshotLoad struct {
+	SnapshotPath        string           `json:"snapshot_path"`
+	MemBackend          apiMemoryBackend `json:"mem_backend"`
+	EnableDiffSnapshots bool             `json:"enable_diff_snapshots"`
+	ResumeVM            bool             `json:"resume_vm"`
+}
+
+// apiMemoryBackend is the MemoryBackend definition.
+type apiMemoryBackend struct {
+	BackendType string `json:"backend_type"` // "File": the memory file is mapped private
+	BackendPath string `json:"backend_path"`
+}
+
 // apiVMConfig is the FullVmConfiguration definition: the file
 // `firecracker --no-api --config-file` boots from (the probe boot).
 type apiVMConfig struct {
@@ -190,6 +225,11 @@ func (c *apiClient) do(ctx context.Context, method, path string, body, out any) 
 
 func (c *apiClient) put(ctx context.Context, path string, body any) error {
 	return c.do(ctx, http.MethodPut, path, body, nil)
+}
+
+// setVMState is PATCH /vm: pause or resume the vCPUs.
+func (c *apiClient) setVMState(ctx context.Context, state string) error {
+	return c.do(ctx, http.MethodPatch, "/vm", apiVM{State: state}, nil)
 }
 
 // instanceInfo is GET /.

@@ -31,6 +31,14 @@ type boxData struct {
 	Vsock     string   `json:"vsock"`      // host path of the hybrid-vsock socket
 	Disk      string   `json:"disk"`       // host path of the VM's disk copy (inside the jail)
 	Cgroups   []string `json:"cgroups"`    // cgroup directories the jailer made
+	// What a resume starts the VMM with again (boxes made before pause
+	// existed have none of it, and cannot pause).
+	MemoryMB int    `json:"memory_mb,omitempty"`
+	Netns    string `json:"netns,omitempty"`
+	TAP      string `json:"tap,omitempty"`
+	// Paused: no process; the jail holds the snapshot (snapshotFile,
+	// memoryFile) that Resume loads.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // box is one running VM. It implements driver.Box.
@@ -222,28 +230,12 @@ func removeCgroups(dirs []string) error {
 // closed — so the caller can Stop it to free its jail and cgroups; an error
 // means the state itself is unusable (Cleanup then removes what is left).
 func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error) {
-	if st.Driver != d.Name() {
-		return nil, fmt.Errorf("adopt: state is for driver %q, not %q", st.Driver, d.Name())
-	}
-	if st.Version != stateVersion {
-		return nil, fmt.Errorf("adopt: unknown state version %d", st.Version)
-	}
-	var data boxData
-	if err := json.Unmarshal(st.Data, &data); err != nil {
+	data, err := d.decode(st)
+	if err != nil {
 		return nil, fmt.Errorf("adopt: %w", err)
 	}
-	if err := validID(data.ID); err != nil {
-		return nil, fmt.Errorf("adopt: %w", err)
-	}
-	// Everything Stop removes must be this driver's, whatever the store says.
-	p := d.paths(data.ID)
-	if data.JailDir != p.JailDir || data.APISocket != p.host(apiSockName) || data.Vsock != p.host(vsockName) {
-		return nil, fmt.Errorf("adopt %s: paths in state are not under %s", data.ID, d.jailBase())
-	}
-	for _, c := range data.Cgroups {
-		if filepath.Base(c) != data.ID || !strings.HasPrefix(c, "/sys/fs/cgroup/") {
-			return nil, fmt.Errorf("adopt %s: cgroup %q is not the VM's", data.ID, c)
-		}
+	if data.Paused {
+		return nil, fmt.Errorf("adopt %s: the VM is paused; resume it", data.ID)
 	}
 	b := newBox(d, data)
 	if b.sameProcess() {
@@ -308,16 +300,28 @@ func killJailed(base string, keep map[string]bool) (map[string]bool, []error) {
 			continue
 		}
 		ids[id] = true
-		for _, pid := range pids {
-			if st, ok := processStart(pid); ok {
-				b := &box{data: boxData{ID: id, Pid: pid, StartTime: st}}
-				if err := b.kill(); err != nil {
-					errs = append(errs, err)
-				}
+		errs = append(errs, killPids(id, pids)...)
+	}
+	return ids, errs
+}
+
+// killJail kills every process in the jail of sandbox id.
+func (d *Driver) killJail(id string) error {
+	return errors.Join(killPids(id, jailedProcesses(d.jailBase())[id])...)
+}
+
+// killPids kills processes of the jail of id and waits for them to go.
+func killPids(id string, pids []int) []error {
+	var errs []error
+	for _, pid := range pids {
+		if st, ok := processStart(pid); ok {
+			b := &box{data: boxData{ID: id, Pid: pid, StartTime: st}}
+			if err := b.kill(); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
-	return ids, errs
+	return errs
 }
 
 // strays lists what of the VM data describes is still on the host: its

@@ -126,10 +126,15 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if !ok {
 		return nil, fmt.Errorf("create %s: firecracker (pid %d) exited at once\n%s", spec.ID, pid, hostfile.Tail(p.Console, 20))
 	}
-	b := newBox(d, boxData{
+	data := boxData{
 		ID: spec.ID, Pid: pid, StartTime: st, JailDir: p.JailDir,
 		APISocket: p.host(apiSockName), Vsock: p.host(vsockName), Disk: p.host(diskName), Cgroups: cgroups,
-	})
+		MemoryMB: spec.MemoryMB, Netns: netns,
+	}
+	if spec.Net != nil {
+		data.TAP = spec.Net.TAP
+	}
+	b := newBox(d, data)
 	cu.Add(func() {
 		b.kill()
 		b.stopWatch()

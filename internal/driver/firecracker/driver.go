@@ -6,7 +6,7 @@
 // # The API client, and why not the SDK
 //
 // The driver speaks Firecracker's REST API with a small client of its own
-// (api.go): typed requests for the eight calls it makes, over the API unix
+// (api.go): typed requests for the calls it makes, over the API unix
 // socket, each bounded by the caller's context. It used the Go SDK
 // (firecracker-go-sdk) for that before, and only its generated client and
 // jailer argument builder; the SDK's Machine type cannot be used at all,
