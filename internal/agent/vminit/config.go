@@ -17,7 +17,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
+	"os"
 	"strings"
 )
 
@@ -63,6 +65,25 @@ type Config struct {
 type Volume struct {
 	UUID string `json:"uuid"` // ext4 UUID, 32 lower-case hex digits
 	Path string `json:"path"` // absolute mount path in the guest
+}
+
+// VolumeOnDisk is the Volume of the ext4 file system in file, mounted at
+// path: the host reads the UUID the guest will know the disk by.
+func VolumeOnDisk(file, path string) (Volume, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return Volume{}, err
+	}
+	defer f.Close()
+	head := make([]byte, 4096)
+	if _, err := io.ReadFull(f, head); err != nil {
+		return Volume{}, fmt.Errorf("read %s: %w", file, err)
+	}
+	uuid, ok := Ext4UUID(head)
+	if !ok {
+		return Volume{}, fmt.Errorf("%s holds no ext4 file system", file)
+	}
+	return Volume{UUID: uuid, Path: path}, nil
 }
 
 // configBlock is the size the config disk is padded to (a sector multiple;

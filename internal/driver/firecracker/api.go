@@ -249,6 +249,7 @@ type vmConfig struct {
 	BootArgs          string
 	Disk              string
 	ConfigDisk        string // read-only drive with the vminit.Config
+	Volumes           int    // volume drives (volumeName(i)), read-write
 	DriveLimit        *apiRateLimiter
 	TAP, MAC          string // "" TAP: no network interface
 	RxLimit, TxLimit  *apiRateLimiter
@@ -272,6 +273,9 @@ func configure(ctx context.Context, c *apiClient, v vmConfig) error {
 		{"/boot-source", apiBootSource{KernelImagePath: v.Kernel, InitrdPath: v.Initrd, BootArgs: v.BootArgs}},
 		{"/drives/rootfs", apiDrive{DriveID: "rootfs", PathOnHost: v.Disk, IsRootDevice: true, IsReadOnly: false, RateLimiter: v.DriveLimit}},
 		{"/drives/config", apiDrive{DriveID: "config", PathOnHost: v.ConfigDisk, IsRootDevice: false, IsReadOnly: true}},
+	}
+	for _, dr := range volumeDrives(v.Volumes) {
+		steps = append(steps, step{"/drives/" + dr.DriveID, dr})
 	}
 	if v.TAP != "" {
 		steps = append(steps, step{"/network-interfaces/eth0", apiNetworkInterface{

@@ -36,6 +36,9 @@ type boxData struct {
 	MemoryMB int    `json:"memory_mb,omitempty"`
 	Netns    string `json:"netns,omitempty"`
 	TAP      string `json:"tap,omitempty"`
+	// Volumes are the host files of the volume drives, in order
+	// (bind-mounted into the jail at volumeName(i)).
+	Volumes []string `json:"volumes,omitempty"`
 	// Paused: no process; the jail holds the snapshot (snapshotFile,
 	// memoryFile) that Resume loads.
 	Paused bool `json:"paused,omitempty"`
@@ -166,6 +169,10 @@ func (b *box) Stop(ctx context.Context) error {
 	b.stopWatch()
 	b.d.unregister(b)
 	errs = append(errs, removeCgroups(b.data.Cgroups))
+	if err := unmountJail(b.data.JailDir); err != nil {
+		// Never remove a jail through a volume's mount.
+		return fmt.Errorf("stop %s: %w", b.data.ID, errors.Join(append(errs, err)...))
+	}
 	if err := os.RemoveAll(b.data.JailDir); err != nil {
 		errs = append(errs, err)
 	}
@@ -273,6 +280,10 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 	for id := range ids {
 		for _, v := range []int{1, 2} {
 			errs = append(errs, removeCgroups(cgroupDirs(mounts, v, d.cfg.ParentCgroup, id, []string{"memory", "cpuset"})))
+		}
+		if err := unmountJail(filepath.Join(d.jailBase(), id)); err != nil {
+			errs = append(errs, err)
+			continue
 		}
 		if err := os.RemoveAll(filepath.Join(d.jailBase(), id)); err != nil {
 			errs = append(errs, err)

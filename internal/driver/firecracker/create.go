@@ -86,7 +86,11 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	}
 	// The guest's config (token, hostname, environment) on a read-only
 	// drive, never on the command line.
-	blob, err := vminit.EncodeConfig(guestConfig(spec))
+	vols, err := guestVolumes(spec.Volumes)
+	if err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	blob, err := vminit.EncodeConfig(guestConfig(spec, vols))
 	if err != nil {
 		return nil, err
 	}
@@ -101,6 +105,15 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		if err := touch(p.host(f), uid, gid); err != nil {
 			return nil, err
 		}
+	}
+
+	var volFiles []string
+	for _, v := range spec.Volumes {
+		volFiles = append(volFiles, v.File)
+	}
+	cu.Add(func() { unmountJail(p.JailDir) })
+	if err := bindVolumes(p, volFiles, uid, gid); err != nil {
+		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
 
 	if n := spec.Net; n != nil && n.TAP != "" {
@@ -129,7 +142,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	data := boxData{
 		ID: spec.ID, Pid: pid, StartTime: st, JailDir: p.JailDir,
 		APISocket: p.host(apiSockName), Vsock: p.host(vsockName), Disk: p.host(diskName), Cgroups: cgroups,
-		MemoryMB: spec.MemoryMB, Netns: netns,
+		MemoryMB: spec.MemoryMB, Netns: netns, Volumes: volFiles,
 	}
 	if spec.Net != nil {
 		data.TAP = spec.Net.TAP
@@ -148,7 +161,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		VCPUs: int64(spec.VCPUs), MemoryMB: int64(spec.MemoryMB),
 		Kernel: kernelName, Initrd: initrd, BootArgs: bootArgs,
 		Disk: diskName, DriveLimit: d.cfg.DriveLimit.model(), ConfigDisk: configName,
-		VsockPath: vsockName,
+		Volumes: len(volFiles), VsockPath: vsockName,
 	}
 	if n := spec.Net; n != nil && n.TAP != "" {
 		vc.TAP, vc.MAC = n.TAP, n.MAC

@@ -60,7 +60,7 @@ func hostname(id string) string {
 
 // guestConfig is what the guest reads from its config drive: the same as
 // under the qemu driver, so the guest cannot tell the two apart.
-func guestConfig(s driver.Spec) vminit.Config {
+func guestConfig(s driver.Spec, vols []vminit.Volume) vminit.Config {
 	env := map[string]string{
 		"PATH":               "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME":               "/root",
@@ -74,5 +74,5 @@ func guestConfig(s driver.Spec) vminit.Config {
 	for k, v := range s.Env {
 		env[k] = v
 	}
-	return vminit.Config{Token: s.Token, Hostname: hostname(s.ID), Env: env}
+	return vminit.Config{Token: s.Token, Hostname: hostname(s.ID), Env: env, Volumes: vols}
 }

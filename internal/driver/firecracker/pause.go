@@ -192,6 +192,11 @@ func (d *Driver) Resume(ctx context.Context, ps driver.Paused) (_ driver.Box, er
 	if err := errors.Join(removeCgroups(data.Cgroups), resetJail(p, d.execName())); err != nil {
 		return nil, fmt.Errorf("resume %s: %w", id, err)
 	}
+	// The volumes' bind mounts, kept while paused, are gone after a
+	// host reboot: the restored VM opens its drives where they were.
+	if err := bindVolumes(p, data.Volumes, d.cfg.UID, d.cfg.GID); err != nil {
+		return nil, fmt.Errorf("resume %s: %w", id, err)
+	}
 	if data.TAP != "" {
 		if err := d.giveTAP(data.Netns, data.TAP, d.cfg.UID, d.cfg.GID); err != nil {
 			return nil, fmt.Errorf("resume %s: %w", id, err)
@@ -386,7 +391,10 @@ func (d *Driver) Discard(ctx context.Context, ps driver.Paused) error {
 	if err := d.killJail(data.ID); err != nil {
 		return fmt.Errorf("discard %s: %w", data.ID, err)
 	}
-	if err := errors.Join(removeCgroups(data.Cgroups), os.RemoveAll(data.JailDir)); err != nil {
+	if err := errors.Join(removeCgroups(data.Cgroups), unmountJail(data.JailDir)); err != nil {
+		return fmt.Errorf("discard %s: %w", data.ID, err)
+	}
+	if err := os.RemoveAll(data.JailDir); err != nil {
 		return fmt.Errorf("discard %s: %w", data.ID, err)
 	}
 	return nil

@@ -31,7 +31,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -310,21 +309,11 @@ func (d *Driver) AttachesVolumes() bool { return true }
 func volumeUUIDs(vols []driver.Volume) ([]vminit.Volume, error) {
 	var out []vminit.Volume
 	for _, v := range vols {
-		f, err := os.Open(v.File)
+		vv, err := vminit.VolumeOnDisk(v.File, v.Path)
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
 		}
-		head := make([]byte, 4096)
-		_, err = io.ReadFull(f, head)
-		f.Close()
-		if err != nil {
-			return nil, fmt.Errorf("volume %s: %w", v.Name, err)
-		}
-		uuid, ok := vminit.Ext4UUID(head)
-		if !ok {
-			return nil, fmt.Errorf("volume %s: %s holds no ext4 file system", v.Name, v.File)
-		}
-		out = append(out, vminit.Volume{UUID: uuid, Path: v.Path})
+		out = append(out, vv)
 	}
 	return out, nil
 }
