@@ -17,6 +17,7 @@ set -euo pipefail
 
 packages=(
   runsc runc                       # the gvisor and runc backends
+  criu                             # runc checkpoint: `criu check` says whether runc boxes can pause
   qemu-system-x86 qemu-utils       # the qemu backend (qemu-img makes the per-VM overlays)
   debootstrap                      # building images
   e2fsprogs                        # mkfs.ext4: VM disks, bounded sandbox disks

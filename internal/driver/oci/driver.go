@@ -78,6 +78,9 @@ type Driver struct {
 	// about again; zero means the defaults of adopt.go (tests shorten
 	// them).
 	adoptProbe, adoptRetry time.Duration
+	// criu is what `criu check` said on this host (runc's pause), asked
+	// once.
+	criu criuCheck
 }
 
 var _ driver.Driver = (*Driver)(nil)

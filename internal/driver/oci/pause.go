@@ -43,8 +43,8 @@ import (
 // no daemon connection can reach the box from then until it listens
 // again (at the old path; the agent makes a new socket there).
 //
-// runc boxes would pause with CRIU; that is not done here (CanPause
-// says so).
+// runc boxes would pause with CRIU (runc checkpoint); CanPause says
+// why they do not (criu.go).
 const checkpointDir = "checkpoint"
 
 var _ driver.Pauser = (*Driver)(nil)
@@ -52,7 +52,7 @@ var _ driver.Pauser = (*Driver)(nil)
 // CanPause returns nil for gVisor, and why not for runc.
 func (d *Driver) CanPause(ctx context.Context) error {
 	if !d.isRunsc() {
-		return errors.New("runc boxes would pause with CRIU, which cubicle does not drive yet; gvisor and qemu pause")
+		return d.criu.check(ctx)
 	}
 	return nil
 }
