@@ -326,22 +326,40 @@ func openBusyPage(ctx context.Context, c *client.Client, id string) error {
 	if _, err := c.Upload(ctx, id, "/tmp/bench.html", strings.NewReader(page.String())); err != nil {
 		return err
 	}
-	_, err := c.Actions(ctx, id, client.PressKey("ctrl+l"), client.TypeText("file:///tmp/bench.html"), client.PressKey("Return"))
-	if err != nil {
-		return err
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
+	// Chromium may not be up yet (under TCG it takes a while after
+	// ready), or may lose what was typed while it starts: wait for its
+	// window, type the address, and type it again if the page does not
+	// come.
+	title := func(prefix string) (bool, error) {
 		ws, err := c.Windows(ctx, id)
 		if err != nil {
-			return err
+			return false, err
 		}
 		for _, w := range ws {
-			if strings.HasPrefix(w.Title, "bench") {
+			if strings.HasPrefix(w.Title, prefix) || (prefix == "" && w.Class == "Chromium") {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	for attempt := 0; attempt < 3; attempt++ {
+		for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			if up, err := title(""); err != nil {
+				return err
+			} else if up {
+				break
+			}
+		}
+		if _, err := c.Actions(ctx, id, client.PressKey("ctrl+l"), client.TypeText("file:///tmp/bench.html"), client.PressKey("Return")); err != nil {
+			return err
+		}
+		for deadline := time.Now().Add(40 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			if open, err := title("bench"); err != nil {
+				return err
+			} else if open {
 				return nil
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("busy page did not open")
 }

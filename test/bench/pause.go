@@ -20,9 +20,11 @@ type pauseResult struct {
 	pause, resume result
 	bytes         []int64
 	err           error
+	cannot        string // why the backend cannot pause here ("" when it can)
 }
 
-// measurePauses measures every backend of cc that can pause here.
+// measurePauses measures every backend of cc that can pause here; the
+// pauseResults of those that cannot carry only the reason /v1/info gives.
 func measurePauses(ctx context.Context, c *client.Client, res client.Resolution, cc createConfig) []pauseResult {
 	var prs []pauseResult
 	info, err := c.Info(ctx)
@@ -30,8 +32,12 @@ func measurePauses(ctx context.Context, c *client.Client, res client.Resolution,
 		return nil
 	}
 	for _, b := range info.Backends {
-		if b.Capabilities.Pause && slices.Contains(cc.backends, b.Name) {
+		switch {
+		case !slices.Contains(cc.backends, b.Name) || !b.Available:
+		case b.Capabilities.Pause:
 			prs = append(prs, measurePause(ctx, c, b.Name, res, cc.nPause))
+		default:
+			prs = append(prs, pauseResult{backend: b.Name, cannot: b.Capabilities.PauseReason})
 		}
 	}
 	return prs
@@ -57,7 +63,9 @@ func runPause(imageDir, backend, out string, cc createConfig) error {
 	prs := measurePauses(ctx, c, res, cc)
 	var brs []backendResult
 	for _, pr := range prs {
-		brs = append(brs, measureCreate(ctx, c, pr.backend, res, cc))
+		if pr.cannot == "" {
+			brs = append(brs, measureCreate(ctx, c, pr.backend, res, cc))
+		}
 	}
 	return harness.ReplaceSection(out, "pause", pauseReport(prs, brs))
 }
@@ -120,26 +128,38 @@ func pauseReport(prs []pauseResult, brs []backendResult) string {
 	var b strings.Builder
 	b.WriteString("## Pause and resume (make bench; bench -only-pause)\n\n")
 	b.WriteString("One desktop per backend (1024×768, Chromium on the busy page), paused and resumed through the REST API; a screenshot after each resume. A paused sandbox holds no process and no memory: only the files below. Anchors: E2B's published resume of about 1 s; Firecracker's documented snapshot load of about 3 ms (KVM, memory mapped from the file; not measurable here).\n\n")
-	b.WriteString("| backend | cycles | pause p50 | pause p95 | resume p50 | resume p95 | paused size (median) | cold create p50, same run | resume vs cold create | vs E2B's ~1 s resume |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| backend | cycles | pause p50 | pause p95 | resume p50 | resume p95 | paused size (median) | cold create p50 (creates), same run | resume vs cold create | resume ÷ E2B's ~1 s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	var cannot []string
 	for _, pr := range prs {
+		if pr.cannot != "" {
+			r := strings.TrimSuffix(pr.cannot, ".")
+			cannot = append(cannot, strings.ToUpper(r[:1])+r[1:])
+			continue
+		}
 		if pr.err != nil {
 			fmt.Fprintf(&b, "| %s | — | failed: %v |||||||\n", pr.backend, pr.err)
 			continue
 		}
-		cold := time.Duration(0)
+		cold, creates := time.Duration(0), 0
 		for _, br := range brs {
 			if br.name == pr.backend && br.err == nil {
-				cold = br.create.pct(.5)
+				cold, creates = br.create.pct(.5), len(br.create.samples)
 			}
 		}
 		ratio := "—"
-		if cold > 0 {
-			ratio = fmt.Sprintf("%.1f× faster", float64(cold)/float64(pr.resume.pct(.5)))
+		if r := pr.resume.pct(.5); cold > 0 && cold >= r {
+			ratio = fmt.Sprintf("%.1f× faster", float64(cold)/float64(r))
+		} else if cold > 0 {
+			ratio = fmt.Sprintf("%.1f× slower", float64(r)/float64(cold))
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %d MiB | %s | %s | %.1f× |\n", pr.backend, len(pr.pause.samples),
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %d MiB | %s (%d) | %s | %.1f× |\n", pr.backend, len(pr.pause.samples),
 			ms(pr.pause.pct(.5)), ms(pr.pause.pct(.95)), ms(pr.resume.pct(.5)), ms(pr.resume.pct(.95)),
-			medianBytes(pr.bytes)>>20, ms(cold), ratio, float64(pr.resume.pct(.5))/float64(time.Second))
+			medianBytes(pr.bytes)>>20, ms(cold), creates, ratio, float64(pr.resume.pct(.5))/float64(time.Second))
 	}
-	b.WriteString("\nqemu runs under TCG here (no usable KVM): its guest has 1 GiB and its memory image is what the guest touched. gVisor's checkpoint is of the sandbox kernel's state, compressed. runc cannot pause (CRIU is not driven yet).\n")
+	b.WriteString("\nqemu runs under TCG here (no usable KVM): its guest has 1 GiB and its memory image is what the guest touched. gVisor's checkpoint is of the sandbox kernel's whole state, compressed: its resume takes longer than a cold create takes to be ready, and gives back the page, the processes and their memory as they were. firecracker pauses with its snapshot API, which needs KVM: not measurable here.")
+	for _, c := range cannot {
+		b.WriteString(" " + c + ".")
+	}
+	b.WriteString("\n")
 	return b.String()
 }
