@@ -217,9 +217,18 @@ func testLimits(t *testing.T, backend string) {
 		case sb.State == "running":
 			// Held inside: forks fail, the sandbox lives on.
 			r, err := c.Exec(ctx, hostile.ID, client.ExecRequest{Command: `ls /proc | grep -c '^[0-9]*$'`, TimeoutSeconds: 60})
-			if err != nil {
+			n := 0
+			if err == nil {
+				n, _ = strconv.Atoi(strings.TrimSpace(r.Stdout))
+			}
+			switch {
+			case err != nil && backend == "gvisor" && client.IsConflict(err) && strings.Contains(err.Error(), "stopped while the request ran"):
+				// The gVisor ending below, a moment later: the bomb's
+				// last forks reached the limit after the state was read.
+				t.Logf("gVisor sandbox ended at its pids limit while the exec ran (its own loss; the quiet sandbox is probed below): %v", err)
+			case err != nil:
 				t.Errorf("exec in the fork-bombed sandbox: %v", err)
-			} else if n, _ := strconv.Atoi(strings.TrimSpace(r.Stdout)); n > bomb.limit {
+			case n > bomb.limit:
 				t.Errorf("%d processes inside the fork-bombed sandbox, beyond its limit of %d", n, bomb.limit)
 			}
 		case backend == "gvisor":
