@@ -125,14 +125,11 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	b.stopped = true // the jail is the paused box's now: Stop must not remove it
 	data := b.data
 	data.Paused, data.Pid, data.StartTime = true, 0, 0
-	err := removeCgroups(data.Cgroups)
-	if err == nil {
-		err = resetJail(p, d.execName())
-	}
-	if err != nil {
-		// Paused all the same: Resume and Discard free what is left.
-		return driver.Paused{}, fmt.Errorf("pause %s: saved, but: %w", id, err)
-	}
+	// The VM is saved and its VMM gone: what these leave is not worth
+	// failing a pause for (the box could not run on). Resume does both
+	// again before it starts a VMM, and Discard removes the jail.
+	_ = removeCgroups(data.Cgroups)
+	_ = resetJail(p, d.execName())
 	return driver.Paused{State: d.stateOf(data), Bytes: diskBytes(p.JailDir)}, nil
 }
 
