@@ -75,9 +75,13 @@ func bindVolumes(p paths, files []string, uid, gid int) (err error) {
 		if mounted[t] {
 			continue
 		}
-		if err := os.WriteFile(t, nil, 0o600); err != nil {
+		// The mount point; never truncated (were it a mount after all,
+		// that would be the volume).
+		mp, err := os.OpenFile(t, os.O_CREATE|os.O_WRONLY, 0o600)
+		if err != nil {
 			return err
 		}
+		mp.Close()
 		if err := unix.Mount(f, t, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind volume %s into the jail: %w", f, err)
 		}
