@@ -13,8 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 )
@@ -103,7 +101,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		return fail(err)
 	}
 	for _, f := range []string{memoryPart, snapshotPart} {
-		if err := syncFile(p.host(f)); err != nil {
+		if err := hostfile.Sync(p.host(f)); err != nil {
 			return fail(err)
 		}
 	}
@@ -113,7 +111,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := os.Rename(p.host(snapshotPart), p.host(snapshotFile)); err != nil {
 		return fail(err)
 	}
-	if err := syncFile(p.Root); err != nil {
+	if err := hostfile.Sync(p.Root); err != nil {
 		return fail(err)
 	}
 	// Saved: from here on Firecracker only has to go.
@@ -130,7 +128,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	// again before it starts a VMM, and Discard removes the jail.
 	_ = removeCgroups(data.Cgroups)
 	_ = resetJail(p, d.execName())
-	return driver.Paused{State: d.stateOf(data), Bytes: diskBytes(p.JailDir)}, nil
+	return driver.Paused{State: d.stateOf(data), Bytes: hostfile.DiskBytes(p.JailDir)}, nil
 }
 
 // resetJail removes from a jail what a Firecracker run left that the
@@ -255,7 +253,7 @@ func (d *Driver) Resume(ctx context.Context, ps driver.Paused) (_ driver.Box, er
 	if err := os.Rename(p.host(snapshotFile), p.host(snapshotResumed)); err != nil {
 		return nil, err
 	}
-	if err := syncFile(p.Root); err != nil {
+	if err := hostfile.Sync(p.Root); err != nil {
 		os.Rename(p.host(snapshotResumed), p.host(snapshotFile))
 		return nil, err
 	}
@@ -425,7 +423,7 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 			return nil, nil, fmt.Errorf("settle %s: %w", data.ID, err)
 		}
 		data.Paused, data.Pid, data.StartTime = true, 0, 0
-		return nil, &driver.Paused{State: d.stateOf(data), Bytes: diskBytes(p.JailDir)}, nil
+		return nil, &driver.Paused{State: d.stateOf(data), Bytes: hostfile.DiskBytes(p.JailDir)}, nil
 	}
 	// Gone, or not answering: a dead box, which the caller stops (as
 	// one Adopt returns), freeing the jail.
@@ -464,33 +462,6 @@ func (d *Driver) decode(st driver.State) (boxData, error) {
 func (d *Driver) stateOf(data boxData) driver.State {
 	raw, _ := json.Marshal(data) // plain struct: cannot fail
 	return driver.State{Version: stateVersion, Driver: d.Name(), Data: raw}
-}
-
-// diskBytes is what the files under dir take on disk (sparse files count
-// what they hold, not their length).
-func diskBytes(dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Lstat(path, &st) == nil {
-			n += st.Blocks * 512
-		}
-		return nil
-	})
-	return n
-}
-
-// syncFile fsyncs a file or directory.
-func syncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 func isClosed(c <-chan struct{}) bool {

@@ -1,16 +1,19 @@
 // Package hostfile reads the small host files the backends keep per box:
 // pid files written by runtimes and VMMs, and logs whose last lines explain
-// a failed start. Drivers import it; nothing else needs to.
+// a failed start; and what a paused box's files take, and their syncing. Drivers import it; nothing else needs to.
 package hostfile
 
 import (
 	"bufio"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // ReadPid reads a pid file: one positive decimal number.
@@ -52,4 +55,31 @@ func Tail(path string, n int) string {
 		return ""
 	}
 	return filepath.Base(path) + ":\n" + strings.Join(lines, "\n")
+}
+
+// DiskBytes is what the files under dir take on disk (sparse files count
+// what they hold, not their length): a paused box's size.
+func DiskBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return nil
+		}
+		var st unix.Stat_t
+		if unix.Lstat(path, &st) == nil {
+			n += st.Blocks * 512
+		}
+		return nil
+	})
+	return n
+}
+
+// Sync fsyncs a file or directory.
+func Sync(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }

@@ -118,13 +118,13 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := waitMigration(ctx, q); err != nil {
 		return fail(err)
 	}
-	if err := syncFile(part); err != nil {
+	if err := hostfile.Sync(part); err != nil {
 		return fail(err)
 	}
 	if err := os.Rename(part, filepath.Join(dir, memoryFile)); err != nil {
 		return fail(err)
 	}
-	if err := syncFile(dir); err != nil {
+	if err := hostfile.Sync(dir); err != nil {
 		os.Rename(filepath.Join(dir, memoryFile), part)
 		return fail(err)
 	}
@@ -145,7 +145,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := writeBoxData(data); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
-	return driver.Paused{State: stateOf(d, data), Bytes: diskBytes(dir)}, nil
+	return driver.Paused{State: stateOf(d, data), Bytes: hostfile.DiskBytes(dir)}, nil
 }
 
 // waitMigration polls query-migrate until the migration has completed.
@@ -239,7 +239,7 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 	if err := os.Rename(mem, filepath.Join(dir, memoryResumed)); err != nil {
 		return nil, err
 	}
-	if err := syncFile(dir); err != nil {
+	if err := hostfile.Sync(dir); err != nil {
 		os.Rename(filepath.Join(dir, memoryResumed), mem)
 		return nil, err
 	}
@@ -409,33 +409,6 @@ func stateOf(d *Driver, data boxData) driver.State {
 	return driver.State{Version: stateVersion, Driver: d.Name(), Data: raw}
 }
 
-// diskBytes is what the files under dir take on disk (sparse files count
-// what they hold, not their length).
-func diskBytes(dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() {
-			return nil
-		}
-		var st unix.Stat_t
-		if unix.Lstat(path, &st) == nil {
-			n += st.Blocks * 512
-		}
-		return nil
-	})
-	return n
-}
-
-// syncFile fsyncs a file or directory.
-func syncFile(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
-}
-
 func isClosed(c <-chan struct{}) bool {
 	select {
 	case <-c:
@@ -458,7 +431,7 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 		var disk boxData
 		if json.Unmarshal(raw, &disk) == nil && disk.ID == data.ID && disk.Paused {
 			if _, err := os.Stat(filepath.Join(data.Dir, memoryFile)); err == nil {
-				return nil, &driver.Paused{State: stateOf(d, disk), Bytes: diskBytes(data.Dir)}, nil
+				return nil, &driver.Paused{State: stateOf(d, disk), Bytes: hostfile.DiskBytes(data.Dir)}, nil
 			}
 		}
 	}
