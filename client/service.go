@@ -41,6 +41,20 @@ type Info struct {
 	Backends       []Backend `json:"backends"`
 	DefaultBackend string    `json:"default_backend"`
 	Capacity       Capacity  `json:"capacity"`
+	Pools          []Pool    `json:"pools"`
+}
+
+// Pool is one warm pool of the daemon (cubicled --pool): Ready of its
+// Size desktops are booted and waiting for a create of Template at
+// Width×Height on Backend.
+type Pool struct {
+	Pool     string `json:"pool"`
+	Backend  string `json:"backend"`
+	Template string `json:"template"`
+	Width    int    `json:"width"`
+	Height   int    `json:"height"`
+	Size     int    `json:"size"`
+	Ready    int    `json:"ready"`
 }
 
 // Info returns the daemon's version, backends and capacity.

@@ -19,10 +19,14 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +37,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
 	"github.com/cubicle-dev/cubicle/internal/agent/xdo"
+	desktoppb "github.com/cubicle-dev/cubicle/proto/desktop"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -74,6 +79,7 @@ func main() {
 // the image has.
 func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop bool, defaultUser string, insecure bool, extra []net.Listener) error {
 	token := agent.TokenFromEnv() // before anything can inherit the environment
+	pooled := agent.PooledFromEnv()
 	env := os.Environ()
 
 	var cfg *session.Config
@@ -107,6 +113,15 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	display := ":0"
 	if cfg != nil {
 		display = cfg.Display
+	}
+	// A box of the warm pool starts its desktop without the programs
+	// that need the start URL; they start when a create applies its
+	// session, with its start URL and environment, as they would have at
+	// a cold boot.
+	var held session.Config
+	if pooled && cfg != nil {
+		rest, h := cfg.Split()
+		cfg, held = &rest, h
 	}
 
 	reaper, err := reap.Start(reap.All, log)
@@ -172,8 +187,9 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	}
 
 	var sup *session.Supervisor
+	var vars session.Vars
 	if cfg != nil {
-		vars, err := session.VarsFromEnv(os.Getenv)
+		vars, err = session.VarsFromEnv(os.Getenv)
 		if err != nil {
 			log.Error("desktop session: bad geometry; using defaults", "err", err)
 			vars, _ = session.VarsFromEnv(func(string) string { return "" })
@@ -189,6 +205,10 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 				}
 			}()
 		}
+	}
+
+	if pooled {
+		desk.SetApplySession(applySession(log, srv, sup, held, vars))
 	}
 
 	// A shutdown is asked for by a signal or by the daemon's Shutdown
@@ -242,4 +262,43 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	}
 	errs = append(errs, srv.Shutdown(ctx))
 	return errors.Join(append([]error{err}, errs...)...)
+}
+
+// applySession is what Desktop.ApplySession runs in a box of the warm pool:
+// once in the box's life, it gives the create's environment to every
+// process started from then on, starts the held programs with the
+// create's start URL, and makes the create's token the only one accepted.
+func applySession(log *slog.Logger, srv *agent.Server, sup *session.Supervisor, held session.Config, vars session.Vars) func(context.Context, *desktoppb.ApplySessionRequest) error {
+	var applied atomic.Bool
+	return func(_ context.Context, req *desktoppb.ApplySessionRequest) error {
+		if strings.ContainsRune(req.StartUrl, 0) {
+			return errors.New("start URL holds a NUL byte")
+		}
+		if !applied.CompareAndSwap(false, true) {
+			return errors.New("this sandbox already has its session")
+		}
+		keys := slices.Sorted(maps.Keys(req.Env))
+		env := make([]string, 0, len(keys))
+		for _, k := range keys {
+			if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(req.Env[k], 0) {
+				continue
+			}
+			env = append(env, k+"="+req.Env[k])
+		}
+		srv.Process.SetEnv(env)
+		if sup != nil && len(held.Programs) > 0 {
+			v := vars
+			v.StartURL = req.StartUrl
+			progs := held.Expand(v).Programs
+			for i := range progs {
+				progs[i].Env = env
+			}
+			if err := sup.Add(progs); err != nil {
+				return err
+			}
+		}
+		srv.SetToken(req.Token)
+		log.Info("session applied", "env", len(env), "start_url", req.StartUrl != "")
+		return nil
+	}
 }

@@ -8,6 +8,9 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
 // Every flag but those in noEnv can also be set by an environment variable,
@@ -162,3 +165,31 @@ func (v addrsValue) Set(s string) error {
 }
 
 func (addrsValue) expects() string { return "comma-separated IP addresses such as 9.9.9.9,1.1.1.1" }
+
+// poolsValue is --pool: warm pools, comma-separated or the flag repeated.
+type poolsValue struct{ pools *[]sandbox.PoolSpec }
+
+func (v poolsValue) String() string {
+	if v.pools == nil {
+		return ""
+	}
+	s := make([]string, len(*v.pools))
+	for i, p := range *v.pools {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (v poolsValue) Set(s string) error {
+	for part := range strings.SplitSeq(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		p, err := sandbox.ParsePoolSpec(part)
+		if err != nil {
+			return errors.New(errdefs.UserMessage(err))
+		}
+		*v.pools = append(*v.pools, p)
+	}
+	return nil
+}

@@ -100,6 +100,8 @@ func run() error {
 		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-listen (CUBICLE_TLS_KEY)")
 		showVersion    = fs.Bool("version", false, "print the version and exit")
 	)
+	var pools []sandbox.PoolSpec
+	fs.Var(poolsValue{&pools}, "pool", "warm pools of booted desktops that creates take instead of booting: [backend/]template:WIDTHxHEIGHT=SIZE, comma-separated or repeated, e.g. gvisor/desktop:1024x768=4 (CUBICLE_POOL)")
 	fs.Var(levelValue{&level}, "log-level", "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
 	fs.Var(prefixValue{&netCIDR}, "net-cidr", "IPv4 network sandboxes get addresses from; its first address is the bridge/gateway (CUBICLE_NET_CIDR)")
 	fs.Var(addrsValue{&netDNS}, "net-dns", "comma-separated DNS servers for sandboxes; reachable only under a sandbox's egress policy (CUBICLE_NET_DNS)")
@@ -192,6 +194,7 @@ func run() error {
 		MaxLifetime:      lifetime,
 		PausedLifetime:   paused,
 		ReadyTimeout:     *readyTimeout,
+		Pools:            pools,
 		Network:          netPool,
 		Metrics:          m,
 		Log:              log,

@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -54,6 +55,19 @@ func TokenFromEnv() string {
 	t := os.Getenv(TokenEnv)
 	_ = os.Unsetenv(TokenEnv)
 	return t
+}
+
+// PoolEnv, set to "1", says the box was booted for the warm pool: the
+// agent holds the session's start-URL programs and takes its session
+// later, through Desktop.ApplySession.
+const PoolEnv = "CUBICLE_POOLED"
+
+// PooledFromEnv reports PoolEnv and removes it from the environment, so
+// that no process of the sandbox's user sees it.
+func PooledFromEnv() bool {
+	v := os.Getenv(PoolEnv)
+	_ = os.Unsetenv(PoolEnv)
+	return v == "1"
 }
 
 // Options configure a Server.
@@ -91,6 +105,8 @@ type Server struct {
 	// Files is the file service.
 	Files *filesystem.Service
 
+	token *secret // what every request must carry; SetToken changes it
+
 	mu      sync.Mutex
 	servers []*http.Server
 	detach  func() // see OnCheckpoint
@@ -119,9 +135,10 @@ func New(opts Options) (*Server, error) {
 		desk = desktopconnect.UnimplementedDesktopHandler{}
 	}
 
-	interceptors := connect.WithInterceptors(tokenInterceptor{token: opts.Token})
+	s.token = newSecret(opts.Token)
+	interceptors := connect.WithInterceptors(tokenInterceptor{token: s.token})
 	mux := http.NewServeMux()
-	mux.Handle(desktopconnect.NewDesktopHandler(desk, connect.WithInterceptors(tokenInterceptor{token: opts.Token}, capabilities{})))
+	mux.Handle(desktopconnect.NewDesktopHandler(desk, connect.WithInterceptors(tokenInterceptor{token: s.token}, capabilities{})))
 	mux.Handle(processconnect.NewProcessHandler(s.Process, interceptors))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(s.Files, interceptors))
 	mux.Handle("/files", s.Files.Files())
@@ -130,9 +147,27 @@ func New(opts Options) (*Server, error) {
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
-	s.handler = s.common(requireToken(opts.Token, mux))
+	s.handler = s.common(requireToken(s.token, mux))
 	return s, nil
 }
+
+// SetToken makes t the only token the server accepts from now on: a box of
+// the warm pool takes its session's token when a create claims it, and
+// the pool's token, which only the daemon knew, is dead from then on.
+func (s *Server) SetToken(t string) { s.token.set(t) }
+
+// secret is the token requests are checked against; it changes at most
+// once in a box's life (SetToken), so it is read without a lock.
+type secret struct{ p atomic.Pointer[string] }
+
+func newSecret(t string) *secret {
+	s := &secret{}
+	s.set(t)
+	return s
+}
+
+func (s *secret) set(t string) { s.p.Store(&t) }
+func (s *secret) get() string  { return *s.p.Load() }
 
 // Handler is the server's root handler.
 func (s *Server) Handler() http.Handler { return s.handler }
@@ -164,9 +199,9 @@ func tokenOK(want, got string) bool {
 // requireToken rejects requests without the right token, except GET
 // /health. The error body has Connect's shape ({"code":"unauthenticated"}),
 // which Connect clients decode from a 401, and also the REST "message".
-func requireToken(token string, next http.Handler) http.Handler {
+func requireToken(token *secret, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" || tokenOK(token, r.Header.Get(TokenHeader)) {
+		if r.URL.Path == "/health" || tokenOK(token.get(), r.Header.Get(TokenHeader)) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -178,13 +213,13 @@ func requireToken(token string, next http.Handler) http.Handler {
 
 // tokenInterceptor repeats the token check inside Connect, so a handler
 // mounted without the HTTP middleware is still protected.
-type tokenInterceptor struct{ token string }
+type tokenInterceptor struct{ token *secret }
 
 var errUnauthenticated = connect.NewError(connect.CodeUnauthenticated, errors.New("missing or wrong "+TokenHeader))
 
 func (i tokenInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if !req.Spec().IsClient && !tokenOK(i.token, req.Header().Get(TokenHeader)) {
+		if !req.Spec().IsClient && !tokenOK(i.token.get(), req.Header().Get(TokenHeader)) {
 			return nil, errUnauthenticated
 		}
 		return next(ctx, req)
@@ -197,7 +232,7 @@ func (i tokenInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) 
 
 func (i tokenInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		if !tokenOK(i.token, conn.RequestHeader().Get(TokenHeader)) {
+		if !tokenOK(i.token.get(), conn.RequestHeader().Get(TokenHeader)) {
 			return errUnauthenticated
 		}
 		return next(ctx, conn)

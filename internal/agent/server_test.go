@@ -26,6 +26,13 @@ import (
 // serve runs a server with token on a unix socket and returns its path.
 func serve(t *testing.T, token string) string {
 	t.Helper()
+	sock, _ := serveServer(t, token)
+	return sock
+}
+
+// serveServer is serve that also returns the server.
+func serveServer(t *testing.T, token string) (string, *Server) {
+	t.Helper()
 	// Own mode: TestDeps in this package runs `go` with os/exec.
 	r, err := reap.Start(reap.Own, nil)
 	if err != nil {
@@ -51,7 +58,7 @@ func serve(t *testing.T, token string) string {
 		}
 		r.Stop()
 	})
-	return sock
+	return sock, srv
 }
 
 func client(sock, token string) *agentclient.Client {
@@ -140,6 +147,40 @@ func TestToken(t *testing.T) {
 	}
 }
 
+// TestSetToken: once a warm-pool box takes its session's token, the
+// pool's token is refused on every route and the new one accepted.
+func TestSetToken(t *testing.T) {
+	sock, srv := serveServer(t, "pool-token")
+	ctx := context.Background()
+	list := func(tok string) error {
+		c := client(sock, tok)
+		defer c.Close()
+		_, err := c.Process.List(ctx, connect.NewRequest(&ppb.ListRequest{}))
+		return err
+	}
+	download := func(tok string) error {
+		c := client(sock, tok)
+		defer c.Close()
+		body, _, err := c.Download(ctx, "/etc/hostname")
+		if err == nil {
+			body.Close()
+		}
+		return err
+	}
+	if err := list("pool-token"); err != nil {
+		t.Fatalf("before SetToken: %v", err)
+	}
+	srv.SetToken("session-token")
+	for name, call := range map[string]func(string) error{"process.List": list, "GET /files": download} {
+		if err := call("pool-token"); err == nil {
+			t.Errorf("%s: the pool's token is still accepted", name)
+		}
+		if err := call("session-token"); err != nil {
+			t.Errorf("%s with the session's token: %v", name, err)
+		}
+	}
+}
+
 func TestInfo(t *testing.T) {
 	sock := serve(t, "tok")
 	c := client(sock, "tok")
@@ -197,7 +238,7 @@ func TestInterceptor(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(processconnect.NewProcessHandler(srv.Process, connect.WithInterceptors(tokenInterceptor{token: "tok"})))
+	mux.Handle(processconnect.NewProcessHandler(srv.Process, connect.WithInterceptors(tokenInterceptor{token: newSecret("tok")})))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

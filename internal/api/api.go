@@ -54,6 +54,8 @@ type Manager interface {
 	DefaultBackend() string
 	// Capacity reports the sandbox capacity.
 	Capacity() sandbox.Capacity
+	// Pools reports the warm pools.
+	Pools() []sandbox.PoolInfo
 
 	// CreateVolume, ListVolumes, GetVolume and DeleteVolume manage the
 	// volumes of owner (sandbox.KeyOwner of the request's key); another

@@ -212,6 +212,8 @@ func (m *fakeManager) Backends(context.Context) []sandbox.BackendInfo {
 	return []sandbox.BackendInfo{{Name: "runc", Available: true, Isolation: "namespace"}}
 }
 func (m *fakeManager) DefaultBackend() string { return "runc" }
+func (m *fakeManager) Pools() []sandbox.PoolInfo { return []sandbox.PoolInfo{} }
+
 func (m *fakeManager) Capacity() sandbox.Capacity {
 	return sandbox.Capacity{MaxSandboxes: 10, Running: 1}
 }

@@ -29,6 +29,7 @@ type infoResponse struct {
 	Backends       []sandbox.BackendInfo `json:"backends"`
 	DefaultBackend string                `json:"default_backend"`
 	Capacity       sandbox.Capacity      `json:"capacity"`
+	Pools          []sandbox.PoolInfo    `json:"pools"`
 }
 
 func (s *server) info(w http.ResponseWriter, r *http.Request) {
@@ -41,5 +42,6 @@ func (s *server) info(w http.ResponseWriter, r *http.Request) {
 		Backends:       b,
 		DefaultBackend: s.mgr.DefaultBackend(),
 		Capacity:       s.mgr.Capacity(),
+		Pools:          s.mgr.Pools(),
 	})
 }

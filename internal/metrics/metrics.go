@@ -25,11 +25,14 @@ type Metrics struct {
 	ExecDuration       prometheus.Histogram
 	Reaped             *prometheus.CounterVec // reason
 	NetpoolFree        prometheus.Gauge
-	HTTPRequests       *prometheus.CounterVec // route, code
-	ViewConnections    prometheus.Gauge       // open live-view WebSockets
-	ViewBytes          *prometheus.CounterVec // direction: to_viewer, from_viewer
-	ViewInputDropped   prometheus.Counter     // input messages of view-only viewers
-	InFlightRefused    prometheus.Counter     // requests over a sandbox's in-progress bound
+	HTTPRequests       *prometheus.CounterVec   // route, code
+	ViewConnections    prometheus.Gauge         // open live-view WebSockets
+	ViewBytes          *prometheus.CounterVec   // direction: to_viewer, from_viewer
+	ViewInputDropped   prometheus.Counter       // input messages of view-only viewers
+	InFlightRefused    prometheus.Counter       // requests over a sandbox's in-progress bound
+	PoolReady          *prometheus.GaugeVec     // pool: booted desktops waiting for a create
+	PoolClaims         *prometheus.CounterVec   // pool, result: hit (a create took one) or miss
+	ClaimDuration      *prometheus.HistogramVec // backend: create-to-ready of creates served by the pool
 }
 
 // fastBuckets resolve the millisecond range where clicks and screenshots live.
@@ -97,6 +100,15 @@ func New() *Metrics {
 		InFlightRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "cubicle_sandbox_requests_refused_total", Help: "Requests refused because their sandbox had as many in progress as allowed.",
 		}),
+		PoolReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "cubicle_pool_ready", Help: "Booted desktops of each warm pool waiting for a create.",
+		}, []string{"pool"}),
+		PoolClaims: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_pool_claims_total", Help: "Creates that matched a warm pool, by whether a booted desktop was there to take (hit) or not (miss).",
+		}, []string{"pool", "result"}),
+		ClaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "cubicle_pool_claim_duration_seconds", Help: "Create-to-ready of creates served by a warm pool.", Buckets: fastBuckets,
+		}, []string{"backend"}),
 	}
 	m.Registry.MustRegister(
 		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
@@ -104,6 +116,7 @@ func New() *Metrics {
 		m.ScreenshotDuration, m.ActionDuration, m.ExecDuration, m.Reaped,
 		m.NetpoolFree, m.HTTPRequests,
 		m.ViewConnections, m.ViewBytes, m.ViewInputDropped, m.InFlightRefused,
+		m.PoolReady, m.PoolClaims, m.ClaimDuration,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -217,6 +217,37 @@ func (p *Pool) Attach(ctx context.Context, id, kind string, allow []netip.Prefix
 	return p.net(a), nil
 }
 
+// SetEgress replaces sandbox id's egress policy by allow (as Attach's).
+// Connections the policy no longer allows stay up until they end, as
+// they would after a rule change anywhere; a warm-pool box, the one
+// caller, has made none. On error the old policy stays in force.
+func (p *Pool) SetEgress(ctx context.Context, id string, allow []netip.Prefix) error {
+	allow = slices.Clone(allow)
+	for i, a := range allow {
+		if !a.IsValid() {
+			return fmt.Errorf("netpool: invalid allow prefix #%d", i)
+		}
+		allow[i] = a.Masked()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	a, ok := p.atts[id]
+	if !ok {
+		return fmt.Errorf("netpool: set egress of %s: not attached", id)
+	}
+	was := a.Allow
+	a.Allow = allow
+	err := p.persist(a)
+	if err == nil {
+		err = p.applyLocked()
+	}
+	if err != nil {
+		a.Allow = was
+		return errors.Join(fmt.Errorf("netpool: set egress of %s: %w", id, err), p.persist(a), p.applyLocked())
+	}
+	return nil
+}
+
 func (p *Pool) net(a *attachment) *driver.Net {
 	n := &driver.Net{
 		Netns:   a.Netns,

@@ -67,6 +67,9 @@ type Config struct {
 	Retention      time.Duration // how long stopped/failed records stay listed; default 10 min
 	ReapInterval   time.Duration // default 1 s
 	Clock          Clock
+	// Pools are the warm pools: desktops booted ahead of the creates
+	// that will take them.
+	Pools []PoolSpec
 	// Network gives sandboxes a network; nil means none at all (loopback
 	// only), and requests asking for egress are refused.
 	Network NetPool
@@ -98,6 +101,15 @@ type Manager struct {
 
 	availMu sync.Mutex
 	avail   map[string]availability
+
+	// pools are the warm pools (Config.Pools), their boxes guarded by
+	// mu; claiming and claims (by owner) count the claims in progress,
+	// whose boxes are in no pool and not yet in entries.
+	pools    []*pool
+	poolKick chan struct{}
+	claiming int
+	claims   map[string]int
+	closing  bool // Close has begun: the pools boot no more
 }
 
 type availability struct {
@@ -184,6 +196,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		limiters: make(map[string]*rate.Limiter),
 		volumes:  make(map[string]*volume),
 		avail:    make(map[string]availability),
+		poolKick: make(chan struct{}, 1),
+		claims:   make(map[string]int),
+	}
+	for _, ps := range cfg.Pools {
+		m.pools = append(m.pools, &pool{spec: ps})
 	}
 	m.m.Capacity.Set(float64(cfg.MaxSandboxes))
 	vols, err := st.allVolumes()
@@ -219,12 +236,20 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.wg.Add(1)
 	go m.reapLoop()
+	if len(m.pools) > 0 {
+		m.wg.Add(1)
+		go m.poolLoop()
+	}
 	return m, nil
 }
 
 // Close stops the reaper and watchers and closes the store. Running sandboxes
 // are left running so that the next daemon re-adopts them.
 func (m *Manager) Close() error {
+	m.mu.Lock()
+	m.closing = true
+	m.mu.Unlock()
+	m.drainPools()
 	m.cancel()
 	m.wg.Wait()
 	m.mu.Lock()
@@ -606,6 +631,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if life >= 0 {
 		rec.Sandbox.ExpiresAt = now.Add(life)
 	}
+	if p := m.poolFor(req, d); p != nil {
+		if sb, ok, err := m.claim(ctx, p, rec, allow); ok {
+			return sb, err
+		}
+	}
+	m.mu.Lock()
+	full := m.activeLocked() >= m.cfg.MaxSandboxes
+	m.mu.Unlock()
+	if full {
+		// A pool box gives its slot to a create no pool serves.
+		m.evictPoolBox()
+	}
 	sctx, cancel := context.WithTimeout(m.ctx, m.cfg.ReadyTimeout)
 	e := &entry{rec: rec, lastActive: now, cancel: cancel, started: make(chan struct{}), ending: make(chan struct{}), stopped: make(chan struct{})}
 
@@ -970,11 +1007,15 @@ func (m *Manager) shutdownGracefully(e *entry) {
 	}
 }
 
-// persist writes a copy of e's record taken under the lock.
+// persist writes a copy of e's record taken under the lock; the record of
+// a pool box is never written.
 func (m *Manager) persist(e *entry) error {
 	m.mu.Lock()
 	r := *e.rec
 	m.mu.Unlock()
+	if r.Pool != "" {
+		return nil
+	}
 	return m.store.put(&r)
 }
 
@@ -1169,9 +1210,10 @@ func (m *Manager) snapshotLocked(e *entry) Sandbox {
 	return sb
 }
 
-// activeLocked counts the sandboxes that hold a slot.
+// activeLocked counts the sandboxes that hold a slot, the warm pools'
+// boxes among them.
 func (m *Manager) activeLocked() int {
-	n := 0
+	n := m.poolBoxesLocked()
 	for _, e := range m.entries {
 		if e.rec.Sandbox.State.holdsSlot() {
 			n++
@@ -1180,9 +1222,10 @@ func (m *Manager) activeLocked() int {
 	return n
 }
 
-// activeOfLocked counts the live sandboxes of owner.
+// activeOfLocked counts the live sandboxes of owner, the ones being
+// claimed from a pool among them.
 func (m *Manager) activeOfLocked(owner string) int {
-	n := 0
+	n := m.claims[owner]
 	for _, e := range m.entries {
 		if e.rec.Sandbox.State.holdsSlot() && e.rec.Request.Owner == owner {
 			n++

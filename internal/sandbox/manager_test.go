@@ -48,6 +48,33 @@ func (c *fakeClock) Advance(d time.Duration) {
 type readyAgent struct {
 	desktopconnect.UnimplementedDesktopHandler
 	shutdowns *atomic.Int32 // Shutdown calls
+	d         *fakeDriver
+	id        string
+}
+
+// appliedSession is what a fake box's ApplySession was given, and the
+// token the call carried.
+type appliedSession struct {
+	req       *desktoppb.ApplySessionRequest
+	callToken string
+}
+
+// ApplySession acts out the agent's: once per box, refused when the
+// driver says so.
+func (a readyAgent) ApplySession(_ context.Context, req *connect.Request[desktoppb.ApplySessionRequest]) (*connect.Response[desktoppb.ApplySessionResponse], error) {
+	a.d.mu.Lock()
+	defer a.d.mu.Unlock()
+	if a.d.failApply {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("fake: refused"))
+	}
+	if _, ok := a.d.applied[a.id]; ok {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("fake: this sandbox already has its session"))
+	}
+	if a.d.applied == nil {
+		a.d.applied = map[string]appliedSession{}
+	}
+	a.d.applied[a.id] = appliedSession{req: req.Msg, callToken: req.Header().Get("X-Cubicle-Token")}
+	return connect.NewResponse(&desktoppb.ApplySessionResponse{}), nil
 }
 
 func (a readyAgent) Shutdown(context.Context, *connect.Request[desktoppb.ShutdownRequest]) (*connect.Response[desktoppb.ShutdownResponse], error) {
@@ -78,7 +105,9 @@ type fakeDriver struct {
 	// unmount that is busy for a while would.
 	stopFails int
 	noVolumes bool // the backend cannot attach volumes
+	failApply bool // ApplySession is refused
 	shutdowns atomic.Int32
+	applied   map[string]appliedSession // by box ID
 
 	specs map[string]driver.Spec // what each Create was given, by ID
 
@@ -118,7 +147,7 @@ func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, 
 	case d.headless:
 		mux.Handle(desktopconnect.NewDesktopHandler(headlessAgent{}))
 	default:
-		mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{shutdowns: &d.shutdowns}))
+		mux.Handle(desktopconnect.NewDesktopHandler(readyAgent{shutdowns: &d.shutdowns, d: d, id: spec.ID}))
 	}
 	srv := &http.Server{Handler: mux}
 	go srv.Serve(ln)

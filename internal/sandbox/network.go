@@ -20,6 +20,10 @@ type NetPool interface {
 	// Detach removes sandbox id's network and frees its address; it is
 	// safe to call more than once.
 	Detach(ctx context.Context, id string) error
+	// SetEgress replaces sandbox id's egress policy (as Attach's allow)
+	// for the connections it opens from now on: a warm-pool box takes its
+	// create's policy when it is claimed. On error the old one stays.
+	SetEgress(ctx context.Context, id string, allow []netip.Prefix) error
 	// Cleanup detaches every sandbox not in keep (orphans after a
 	// restart).
 	Cleanup(ctx context.Context, keep map[string]bool) error

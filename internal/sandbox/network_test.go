@@ -51,6 +51,16 @@ func (n *fakeNet) Detach(ctx context.Context, id string) error {
 	return nil
 }
 
+func (n *fakeNet) SetEgress(ctx context.Context, id string, allow []netip.Prefix) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.attached[id]; !ok {
+		return fmt.Errorf("%s is not attached", id)
+	}
+	n.allow[id] = allow
+	return nil
+}
+
 func (n *fakeNet) Cleanup(ctx context.Context, keep map[string]bool) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()

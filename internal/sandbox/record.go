@@ -21,6 +21,9 @@ type record struct {
 	// Life is, while paused, the running time the sandbox had left when
 	// it paused (-1: no limit), given back when it resumes.
 	Life time.Duration
+	// Pool is the warm pool (PoolSpec.String) of a box booted for one
+	// and not claimed yet; such a record is never stored.
+	Pool string
 }
 
 // recordVersion is the version of the stored record this daemon writes.

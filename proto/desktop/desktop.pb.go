@@ -955,6 +955,102 @@ func (x *ShutdownResponse) GetError() string {
 	return ""
 }
 
+type ApplySessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Env           map[string]string      `protobuf:"bytes,2,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	StartUrl      string                 `protobuf:"bytes,3,opt,name=start_url,json=startUrl,proto3" json:"start_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplySessionRequest) Reset() {
+	*x = ApplySessionRequest{}
+	mi := &file_desktop_desktop_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplySessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplySessionRequest) ProtoMessage() {}
+
+func (x *ApplySessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_desktop_desktop_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplySessionRequest.ProtoReflect.Descriptor instead.
+func (*ApplySessionRequest) Descriptor() ([]byte, []int) {
+	return file_desktop_desktop_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ApplySessionRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *ApplySessionRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ApplySessionRequest) GetStartUrl() string {
+	if x != nil {
+		return x.StartUrl
+	}
+	return ""
+}
+
+type ApplySessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplySessionResponse) Reset() {
+	*x = ApplySessionResponse{}
+	mi := &file_desktop_desktop_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplySessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplySessionResponse) ProtoMessage() {}
+
+func (x *ApplySessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_desktop_desktop_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplySessionResponse.ProtoReflect.Descriptor instead.
+func (*ApplySessionResponse) Descriptor() ([]byte, []int) {
+	return file_desktop_desktop_proto_rawDescGZIP(), []int{14}
+}
+
 var File_desktop_desktop_proto protoreflect.FileDescriptor
 
 const file_desktop_desktop_proto_rawDesc = "" +
@@ -1040,13 +1136,22 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"error_code\x18\x04 \x01(\tR\terrorCode\"\x11\n" +
 	"\x0fShutdownRequest\"(\n" +
 	"\x10ShutdownResponse\x12\x14\n" +
-	"\x05error\x18\x01 \x01(\tR\x05error2\xf8\x01\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error\"\xb9\x01\n" +
+	"\x13ApplySessionRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x127\n" +
+	"\x03env\x18\x02 \x03(\v2%.desktop.ApplySessionRequest.EnvEntryR\x03env\x12\x1b\n" +
+	"\tstart_url\x18\x03 \x01(\tR\bstartUrl\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
+	"\x14ApplySessionResponse2\xc5\x02\n" +
 	"\aDesktop\x123\n" +
 	"\x04Info\x12\x14.desktop.InfoRequest\x1a\x15.desktop.InfoResponse\x12E\n" +
 	"\n" +
 	"Screenshot\x12\x1a.desktop.ScreenshotRequest\x1a\x1b.desktop.ScreenshotResponse\x120\n" +
 	"\x03Act\x12\x13.desktop.ActRequest\x1a\x14.desktop.ActResponse\x12?\n" +
-	"\bShutdown\x12\x18.desktop.ShutdownRequest\x1a\x19.desktop.ShutdownResponseB6Z4github.com/cubicle-dev/cubicle/proto/desktop;desktopb\x06proto3"
+	"\bShutdown\x12\x18.desktop.ShutdownRequest\x1a\x19.desktop.ShutdownResponse\x12K\n" +
+	"\fApplySession\x12\x1c.desktop.ApplySessionRequest\x1a\x1d.desktop.ApplySessionResponseB6Z4github.com/cubicle-dev/cubicle/proto/desktop;desktopb\x06proto3"
 
 var (
 	file_desktop_desktop_proto_rawDescOnce sync.Once
@@ -1060,21 +1165,24 @@ func file_desktop_desktop_proto_rawDescGZIP() []byte {
 	return file_desktop_desktop_proto_rawDescData
 }
 
-var file_desktop_desktop_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_desktop_desktop_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_desktop_desktop_proto_goTypes = []any{
-	(*InfoRequest)(nil),        // 0: desktop.InfoRequest
-	(*InfoResponse)(nil),       // 1: desktop.InfoResponse
-	(*Region)(nil),             // 2: desktop.Region
-	(*ScreenshotRequest)(nil),  // 3: desktop.ScreenshotRequest
-	(*ScreenshotResponse)(nil), // 4: desktop.ScreenshotResponse
-	(*Point)(nil),              // 5: desktop.Point
-	(*Action)(nil),             // 6: desktop.Action
-	(*Window)(nil),             // 7: desktop.Window
-	(*ActionResult)(nil),       // 8: desktop.ActionResult
-	(*ActRequest)(nil),         // 9: desktop.ActRequest
-	(*ActResponse)(nil),        // 10: desktop.ActResponse
-	(*ShutdownRequest)(nil),    // 11: desktop.ShutdownRequest
-	(*ShutdownResponse)(nil),   // 12: desktop.ShutdownResponse
+	(*InfoRequest)(nil),          // 0: desktop.InfoRequest
+	(*InfoResponse)(nil),         // 1: desktop.InfoResponse
+	(*Region)(nil),               // 2: desktop.Region
+	(*ScreenshotRequest)(nil),    // 3: desktop.ScreenshotRequest
+	(*ScreenshotResponse)(nil),   // 4: desktop.ScreenshotResponse
+	(*Point)(nil),                // 5: desktop.Point
+	(*Action)(nil),               // 6: desktop.Action
+	(*Window)(nil),               // 7: desktop.Window
+	(*ActionResult)(nil),         // 8: desktop.ActionResult
+	(*ActRequest)(nil),           // 9: desktop.ActRequest
+	(*ActResponse)(nil),          // 10: desktop.ActResponse
+	(*ShutdownRequest)(nil),      // 11: desktop.ShutdownRequest
+	(*ShutdownResponse)(nil),     // 12: desktop.ShutdownResponse
+	(*ApplySessionRequest)(nil),  // 13: desktop.ApplySessionRequest
+	(*ApplySessionResponse)(nil), // 14: desktop.ApplySessionResponse
+	nil,                          // 15: desktop.ApplySessionRequest.EnvEntry
 }
 var file_desktop_desktop_proto_depIdxs = []int32{
 	2,  // 0: desktop.ScreenshotRequest.region:type_name -> desktop.Region
@@ -1084,19 +1192,22 @@ var file_desktop_desktop_proto_depIdxs = []int32{
 	4,  // 4: desktop.ActionResult.screenshot:type_name -> desktop.ScreenshotResponse
 	6,  // 5: desktop.ActRequest.actions:type_name -> desktop.Action
 	8,  // 6: desktop.ActResponse.results:type_name -> desktop.ActionResult
-	0,  // 7: desktop.Desktop.Info:input_type -> desktop.InfoRequest
-	3,  // 8: desktop.Desktop.Screenshot:input_type -> desktop.ScreenshotRequest
-	9,  // 9: desktop.Desktop.Act:input_type -> desktop.ActRequest
-	11, // 10: desktop.Desktop.Shutdown:input_type -> desktop.ShutdownRequest
-	1,  // 11: desktop.Desktop.Info:output_type -> desktop.InfoResponse
-	4,  // 12: desktop.Desktop.Screenshot:output_type -> desktop.ScreenshotResponse
-	10, // 13: desktop.Desktop.Act:output_type -> desktop.ActResponse
-	12, // 14: desktop.Desktop.Shutdown:output_type -> desktop.ShutdownResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	15, // 7: desktop.ApplySessionRequest.env:type_name -> desktop.ApplySessionRequest.EnvEntry
+	0,  // 8: desktop.Desktop.Info:input_type -> desktop.InfoRequest
+	3,  // 9: desktop.Desktop.Screenshot:input_type -> desktop.ScreenshotRequest
+	9,  // 10: desktop.Desktop.Act:input_type -> desktop.ActRequest
+	11, // 11: desktop.Desktop.Shutdown:input_type -> desktop.ShutdownRequest
+	13, // 12: desktop.Desktop.ApplySession:input_type -> desktop.ApplySessionRequest
+	1,  // 13: desktop.Desktop.Info:output_type -> desktop.InfoResponse
+	4,  // 14: desktop.Desktop.Screenshot:output_type -> desktop.ScreenshotResponse
+	10, // 15: desktop.Desktop.Act:output_type -> desktop.ActResponse
+	12, // 16: desktop.Desktop.Shutdown:output_type -> desktop.ShutdownResponse
+	14, // 17: desktop.Desktop.ApplySession:output_type -> desktop.ApplySessionResponse
+	13, // [13:18] is the sub-list for method output_type
+	8,  // [8:13] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_desktop_desktop_proto_init() }
@@ -1112,7 +1223,7 @@ func file_desktop_desktop_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_desktop_desktop_proto_rawDesc), len(file_desktop_desktop_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -45,6 +45,7 @@ type Service struct {
 	d        *Desktop
 	headless bool
 	shutdown func(context.Context) error
+	apply    func(context.Context, *desktop.ApplySessionRequest) error
 }
 
 // SetShutdown gives the service what Shutdown runs: the agent's own
@@ -69,6 +70,33 @@ func (s *Service) Shutdown(ctx context.Context, _ *connect.Request[desktop.Shutd
 		resp.Error = err.Error()
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// SetApplySession gives the service what ApplySession runs: the agent's
+// switch from the warm pool's session to a create's. Without it (an agent
+// not booted for the pool) ApplySession is refused.
+func (s *Service) SetApplySession(f func(context.Context, *desktop.ApplySessionRequest) error) {
+	s.mu.Lock()
+	s.apply = f
+	s.mu.Unlock()
+}
+
+// ApplySession hands the request to the function SetApplySession gave; what
+// it refuses is a failed precondition (a second session, or no pool).
+func (s *Service) ApplySession(ctx context.Context, req *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error) {
+	s.mu.RLock()
+	f := s.apply
+	s.mu.RUnlock()
+	if f == nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("this sandbox was not booted for the warm pool: its session is the one it was created with"))
+	}
+	if req.Msg.Token == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("no token"))
+	}
+	if err := f(ctx, req.Msg); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return connect.NewResponse(&desktop.ApplySessionResponse{}), nil
 }
 
 var _ desktopconnect.DesktopHandler = (*Service)(nil)

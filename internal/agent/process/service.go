@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -82,6 +83,7 @@ type Service struct {
 
 	mu    sync.Mutex
 	procs map[int]*proc
+	env   []string // opts.Env, then what SetEnv added
 }
 
 var _ processconnect.ProcessHandler = (*Service)(nil)
@@ -94,7 +96,16 @@ func New(opts Options) *Service {
 	if opts.DefaultUser == "" {
 		opts.DefaultUser = account.Root
 	}
-	return &Service{opts: opts, log: opts.Logger, procs: make(map[int]*proc)}
+	return &Service{opts: opts, log: opts.Logger, procs: make(map[int]*proc), env: opts.Env}
+}
+
+// SetEnv adds env ("K=V", later ones win) to the default environment of
+// the processes started from now on: the session of a warm-pool sandbox
+// arrives after the agent started.
+func (s *Service) SetEnv(env []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.env = append(slices.Clip(s.env), env...)
 }
 
 // Signal sends sig to the process group of every running process (used
@@ -231,7 +242,10 @@ func (s *Service) spawn(req *pb.StartRequest, acct *account.Account, limit time.
 	if withPTY {
 		extra["TERM"] = "xterm-256color"
 	}
-	env := BuildEnv(acct, s.opts.Env, s.opts.Display, extra, cfg.GetEnvs())
+	s.mu.Lock()
+	defaults := s.env
+	s.mu.Unlock()
+	env := BuildEnv(acct, defaults, s.opts.Display, extra, cfg.GetEnvs())
 
 	dir := acct.Home
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {

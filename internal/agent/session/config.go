@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -34,6 +35,9 @@ type Program struct {
 	Name string   `json:"name"`
 	Argv []string `json:"argv"`
 	User string   `json:"user,omitempty"`
+	// Env ("K=V") is added to the session's environment for this
+	// program; it is never read from the config.
+	Env []string `json:"-"`
 }
 
 // Vars are the placeholder values.
@@ -77,6 +81,23 @@ func VarsFromEnv(getenv func(string) string) (Vars, error) {
 		return Vars{}, fmt.Errorf("%s holds a NUL byte", EnvStartURL)
 	}
 	return v, nil
+}
+
+// Split parts c into the programs that need the session's start URL
+// (an argument holds {start_url}) and the rest, each with c's display,
+// user and Xvfb: a warm-pool sandbox starts the rest at boot and the
+// others once a create has said what its start URL is.
+func (c Config) Split() (rest, held Config) {
+	rest = Config{Display: c.Display, User: c.User, Xvfb: c.Xvfb}
+	held = rest
+	for _, p := range c.Programs {
+		if slices.ContainsFunc(p.Argv, func(a string) bool { return strings.Contains(a, "{start_url}") }) {
+			held.Programs = append(held.Programs, p)
+		} else {
+			rest.Programs = append(rest.Programs, p)
+		}
+	}
+	return rest, held
 }
 
 // Load reads and validates the config at path.
@@ -188,7 +209,7 @@ func (c Config) Expand(v Vars) Config {
 		if user == "" {
 			user = "root"
 		}
-		out.Programs = append(out.Programs, Program{Name: p.Name, Argv: argv(p.Argv), User: user})
+		out.Programs = append(out.Programs, Program{Name: p.Name, Argv: argv(p.Argv), User: user, Env: p.Env})
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -114,4 +115,31 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestSplit(t *testing.T) {
+	c := Config{Display: ":0", User: "user", Xvfb: []string{"Xvfb", ":0"}, Programs: []Program{
+		{Name: "wm", Argv: []string{"openbox"}},
+		{Name: "browser", Argv: []string{"cubicle-browser", "{start_url}"}},
+		{Name: "other", Argv: []string{"sh", "-c", "open --url={start_url}"}},
+		{Name: "vnc", Argv: []string{"x11vnc", "-display", "{display}"}},
+	}}
+	rest, held := c.Split()
+	names := func(c Config) (out []string) {
+		for _, p := range c.Programs {
+			out = append(out, p.Name)
+		}
+		return out
+	}
+	if got := names(rest); !slices.Equal(got, []string{"wm", "vnc"}) {
+		t.Errorf("rest = %v", got)
+	}
+	if got := names(held); !slices.Equal(got, []string{"browser", "other"}) {
+		t.Errorf("held = %v", got)
+	}
+	for _, part := range []Config{rest, held} {
+		if part.Display != c.Display || part.User != c.User || !slices.Equal(part.Xvfb, c.Xvfb) {
+			t.Errorf("part %+v lost the session's display, user or Xvfb", part)
+		}
+	}
 }

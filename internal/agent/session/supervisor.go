@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,6 +113,28 @@ func (s *Supervisor) Start() {
 	for _, p := range s.cfg.Programs {
 		go s.runProgram(p)
 	}
+}
+
+// Add starts more programs (expanded, as New's config) in the running
+// session: the programs a warm-pool sandbox holds until its create's start
+// URL and environment are known. It fails once the session is stopping.
+func (s *Supervisor) Add(progs []Program) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ctx.Err() != nil {
+		return errors.New("session: stopping")
+	}
+	for i, p := range progs {
+		if p.Name == "" || len(p.Argv) == 0 || p.Argv[0] == "" {
+			return fmt.Errorf("session: added program %d has no name or argv", i)
+		}
+	}
+	s.wg.Add(len(progs))
+	s.progs.Add(len(progs))
+	for _, p := range progs {
+		go s.runProgram(p)
+	}
+	return nil
 }
 
 // Ready is closed once the first screenshot has succeeded.
@@ -262,7 +285,8 @@ func (s *Supervisor) signal(sig syscall.Signal, x, group bool) []int {
 }
 
 // spawn starts argv as user in its own process group.
-func (s *Supervisor) spawn(name string, argv []string, user string) (int, <-chan reap.Status, error) {
+// extraEnv ("K=V") comes after the session's environment.
+func (s *Supervisor) spawn(name string, argv []string, user string, extraEnv []string) (int, <-chan reap.Status, error) {
 	if len(argv) == 0 {
 		return 0, nil, errors.New("empty argv")
 	}
@@ -270,7 +294,7 @@ func (s *Supervisor) spawn(name string, argv []string, user string) (int, <-chan
 	if err != nil {
 		return 0, nil, err
 	}
-	env := process.BuildEnv(acct, s.opts.Env, "", nil, map[string]string{"DISPLAY": s.cfg.Display})
+	env := process.BuildEnv(acct, append(slices.Clip(s.opts.Env), extraEnv...), "", nil, map[string]string{"DISPLAY": s.cfg.Display})
 	dir := acct.Home
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		dir = "/"
@@ -350,7 +374,7 @@ func (s *Supervisor) runX() {
 	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
 	for s.ctx.Err() == nil {
 		began := time.Now()
-		pid, status, err := s.spawn(xvfbName, s.cfg.Xvfb, "root")
+		pid, status, err := s.spawn(xvfbName, s.cfg.Xvfb, "root", nil)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -460,7 +484,7 @@ func (s *Supervisor) runProgram(p Program) {
 			return
 		}
 		began := time.Now()
-		_, status, err := s.spawn(p.Name, p.Argv, p.User)
+		_, status, err := s.spawn(p.Name, p.Argv, p.User, p.Env)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return

@@ -44,6 +44,8 @@ const (
 	DesktopActProcedure = "/desktop.Desktop/Act"
 	// DesktopShutdownProcedure is the fully-qualified name of the Desktop's Shutdown RPC.
 	DesktopShutdownProcedure = "/desktop.Desktop/Shutdown"
+	// DesktopApplySessionProcedure is the fully-qualified name of the Desktop's ApplySession RPC.
+	DesktopApplySessionProcedure = "/desktop.Desktop/ApplySession"
 )
 
 // DesktopClient is a client for the desktop.Desktop service.
@@ -61,6 +63,13 @@ type DesktopClient interface {
 	// sandbox that holds volumes, so what the programs still hold in memory
 	// (a browser's cookies) reaches the volume.
 	Shutdown(context.Context, *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error)
+	// ApplySession makes a sandbox of the warm pool, booted before anyone
+	// asked for it, the sandbox of one create: from then on the agent
+	// accepts only the new token, gives env to every process it starts, and
+	// starts the session's programs that were held for the start URL. A
+	// sandbox takes one session in its life: the agent refuses a second
+	// ApplySession, and one of a sandbox not booted for the pool.
+	ApplySession(context.Context, *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error)
 }
 
 // NewDesktopClient constructs a client for the desktop.Desktop service. By default, it uses the
@@ -98,15 +107,22 @@ func NewDesktopClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			connect.WithSchema(desktopMethods.ByName("Shutdown")),
 			connect.WithClientOptions(opts...),
 		),
+		applySession: connect.NewClient[desktop.ApplySessionRequest, desktop.ApplySessionResponse](
+			httpClient,
+			baseURL+DesktopApplySessionProcedure,
+			connect.WithSchema(desktopMethods.ByName("ApplySession")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // desktopClient implements DesktopClient.
 type desktopClient struct {
-	info       *connect.Client[desktop.InfoRequest, desktop.InfoResponse]
-	screenshot *connect.Client[desktop.ScreenshotRequest, desktop.ScreenshotResponse]
-	act        *connect.Client[desktop.ActRequest, desktop.ActResponse]
-	shutdown   *connect.Client[desktop.ShutdownRequest, desktop.ShutdownResponse]
+	info         *connect.Client[desktop.InfoRequest, desktop.InfoResponse]
+	screenshot   *connect.Client[desktop.ScreenshotRequest, desktop.ScreenshotResponse]
+	act          *connect.Client[desktop.ActRequest, desktop.ActResponse]
+	shutdown     *connect.Client[desktop.ShutdownRequest, desktop.ShutdownResponse]
+	applySession *connect.Client[desktop.ApplySessionRequest, desktop.ApplySessionResponse]
 }
 
 // Info calls desktop.Desktop.Info.
@@ -129,6 +145,11 @@ func (c *desktopClient) Shutdown(ctx context.Context, req *connect.Request[deskt
 	return c.shutdown.CallUnary(ctx, req)
 }
 
+// ApplySession calls desktop.Desktop.ApplySession.
+func (c *desktopClient) ApplySession(ctx context.Context, req *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error) {
+	return c.applySession.CallUnary(ctx, req)
+}
+
 // DesktopHandler is an implementation of the desktop.Desktop service.
 type DesktopHandler interface {
 	// Info reports the agent's version, capabilities and the screen; ready is
@@ -144,6 +165,13 @@ type DesktopHandler interface {
 	// sandbox that holds volumes, so what the programs still hold in memory
 	// (a browser's cookies) reaches the volume.
 	Shutdown(context.Context, *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error)
+	// ApplySession makes a sandbox of the warm pool, booted before anyone
+	// asked for it, the sandbox of one create: from then on the agent
+	// accepts only the new token, gives env to every process it starts, and
+	// starts the session's programs that were held for the start URL. A
+	// sandbox takes one session in its life: the agent refuses a second
+	// ApplySession, and one of a sandbox not booted for the pool.
+	ApplySession(context.Context, *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error)
 }
 
 // NewDesktopHandler builds an HTTP handler from the service implementation. It returns the path on
@@ -177,6 +205,12 @@ func NewDesktopHandler(svc DesktopHandler, opts ...connect.HandlerOption) (strin
 		connect.WithSchema(desktopMethods.ByName("Shutdown")),
 		connect.WithHandlerOptions(opts...),
 	)
+	desktopApplySessionHandler := connect.NewUnaryHandler(
+		DesktopApplySessionProcedure,
+		svc.ApplySession,
+		connect.WithSchema(desktopMethods.ByName("ApplySession")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/desktop.Desktop/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case DesktopInfoProcedure:
@@ -187,6 +221,8 @@ func NewDesktopHandler(svc DesktopHandler, opts ...connect.HandlerOption) (strin
 			desktopActHandler.ServeHTTP(w, r)
 		case DesktopShutdownProcedure:
 			desktopShutdownHandler.ServeHTTP(w, r)
+		case DesktopApplySessionProcedure:
+			desktopApplySessionHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -210,4 +246,8 @@ func (UnimplementedDesktopHandler) Act(context.Context, *connect.Request[desktop
 
 func (UnimplementedDesktopHandler) Shutdown(context.Context, *connect.Request[desktop.ShutdownRequest]) (*connect.Response[desktop.ShutdownResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("desktop.Desktop.Shutdown is not implemented"))
+}
+
+func (UnimplementedDesktopHandler) ApplySession(context.Context, *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("desktop.Desktop.ApplySession is not implemented"))
 }
