@@ -211,7 +211,7 @@ func (m *fakeManager) watchAgent(ctx context.Context, id string) (*agentclient.C
 func (m *fakeManager) Backends(context.Context) []sandbox.BackendInfo {
 	return []sandbox.BackendInfo{{Name: "runc", Available: true, Isolation: "namespace"}}
 }
-func (m *fakeManager) DefaultBackend() string { return "runc" }
+func (m *fakeManager) DefaultBackend() string    { return "runc" }
 func (m *fakeManager) Pools() []sandbox.PoolInfo { return []sandbox.PoolInfo{} }
 
 func (m *fakeManager) Capacity() sandbox.Capacity {
