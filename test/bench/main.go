@@ -38,12 +38,18 @@ func main() {
 	liveView := flag.Duration("live-view", 15*time.Second, "how long each live-view measurement pulls updates (0: skip)")
 	nPause := flag.Int("n-pause", 10, "pause/resume cycles per backend that can pause (of -create-backends)")
 	onlyPause := flag.Bool("only-pause", false, "measure only pause, resume and cold create of the backends that pause, and rewrite only that section of -out")
+	onlyPool := flag.Bool("only-pool", false, "measure only create-to-ready cold and from a warm pool on -backend, and rewrite only that section of -out")
+	nPool := flag.Int("n-pool", 20, "creates from the warm pool (and cold ones) measured")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
-	if *onlyPause {
+	switch {
+	case *onlyPool:
+		err = runPool(*imageDir, *backend, *out, *nPool)
+	case *onlyPause:
 		err = runPause(*imageDir, *backend, *out, cfg)
-	} else {
+	default:
+		cfg.nPool = *nPool
 		err = run(*imageDir, *backend, *second, *out, *n, *nSub, cfg)
 	}
 	if err != nil {
@@ -87,6 +93,7 @@ type createConfig struct {
 	n, nVM   int
 	liveView time.Duration // per live-view measurement; 0 skips it
 	nPause   int           // pause/resume cycles per backend that pauses
+	nPool    int           // creates from the warm pool (and cold ones); 0 skips them
 }
 
 // backendResult is one backend's create-to-ready samples and idle memory.
@@ -245,6 +252,15 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	}
 	if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
 		return err
+	}
+	if cc.nPool > 0 {
+		// After everything else, with the main daemon's sandbox gone:
+		// the pool's figures want a quiet machine.
+		c.Destroy(ctx, id)
+		pr := measurePool(ctx, imageDir, backend, 4, cc.nPool)
+		if err := harness.ReplaceSection(out, "pool", poolReport(pr)); err != nil {
+			return err
+		}
 	}
 	if len(prs) == 0 {
 		return nil
