@@ -65,7 +65,7 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		return nil, err
 	}
 	start := time.Now()
-	method, err := cloneFile(files.Disk, p.host(diskName))
+	method, err := hostfile.Clone(files.Disk, p.host(diskName))
 	if err != nil {
 		return nil, fmt.Errorf("create %s: disk: %w", spec.ID, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
 )
 
 // makeDisk writes a sparse file of size bytes with data blocks every
@@ -36,7 +38,7 @@ func TestCloneFile(t *testing.T) {
 	src := filepath.Join(dir, "disk.ext4")
 	makeDisk(t, src, 32<<20, 4<<20)
 	dst := filepath.Join(dir, "copy.ext4")
-	method, err := cloneFile(src, dst)
+	method, err := hostfile.Clone(src, dst)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +50,7 @@ func TestCloneFile(t *testing.T) {
 	}
 	var st unix.Stat_t
 	unix.Stat(dst, &st)
-	if method == cloneSparse && st.Blocks*512 > 2*(8*64<<10)+(1<<20) {
+	if method == hostfile.CloneSparse && st.Blocks*512 > 2*(8*64<<10)+(1<<20) {
 		t.Errorf("sparse copy allocates %d bytes for 512 KiB of data", st.Blocks*512)
 	}
 	// Writing the copy leaves the source alone.
@@ -56,7 +58,7 @@ func TestCloneFile(t *testing.T) {
 	if a2, _ := os.ReadFile(src); !bytes.Equal(a, a2) {
 		t.Error("source changed")
 	}
-	if _, err := cloneFile(src, dst); err == nil {
+	if _, err := hostfile.Clone(src, dst); err == nil {
 		t.Error("clone over an existing file succeeded")
 	}
 }
@@ -110,7 +112,7 @@ func BenchmarkDiskCopy(b *testing.B) {
 		var method string
 		for i := 0; b.Loop(); i++ {
 			dst := filepath.Join(dir, fmt.Sprint("c", i))
-			m, err := cloneFile(src, dst)
+			m, err := hostfile.Clone(src, dst)
 			if err != nil {
 				b.Fatal(err)
 			}
