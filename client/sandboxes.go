@@ -321,6 +321,26 @@ func (c *Client) Resume(ctx context.Context, id string, seconds int) (Sandbox, e
 	return s, err
 }
 
+// Fork copies a running sandbox, as it is, into count new running
+// sandboxes (1..10), each with its own id, token, hostname, machine-id
+// and address; the sandbox runs on. A backend that cannot fork answers
+// CodeNotSupported; a sandbox not running or holding volumes,
+// CodeConflict.
+func (c *Client) Fork(ctx context.Context, id string, count int) ([]Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	body, n, err := jsonBody(map[string]int{"count": count})
+	if err != nil {
+		return nil, err
+	}
+	var out struct {
+		Sandboxes []Sandbox `json:"sandboxes"`
+	}
+	err = c.doJSON(ctx, &request{method: http.MethodPost, path: sandboxPath(id, "fork"), body: body, contentLen: n, contentType: "application/json"}, &out)
+	return out.Sandboxes, err
+}
+
 // errEmptyID is returned for calls naming no sandbox, which would otherwise
 // address a different endpoint.
 var errEmptyID = errors.New("client: empty sandbox id")

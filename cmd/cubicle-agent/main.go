@@ -22,6 +22,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"slices"
@@ -33,6 +34,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/agent/desktop"
 	"github.com/cubicle-dev/cubicle/internal/agent/detect"
+	"github.com/cubicle-dev/cubicle/internal/agent/identity"
 	"github.com/cubicle-dev/cubicle/internal/agent/reap"
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
@@ -210,6 +212,7 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	if pooled {
 		desk.SetApplySession(applySession(log, srv, sup, held, vars))
 	}
+	desk.SetRekey(rekey(log, srv))
 
 	// A shutdown is asked for by a signal or by the daemon's Shutdown
 	// RPC, which is answered once the programs have ended and the
@@ -299,6 +302,37 @@ func applySession(log *slog.Logger, srv *agent.Server, sup *session.Supervisor, 
 		}
 		srv.SetToken(req.Token)
 		log.Info("session applied", "env", len(env), "start_url", req.StartUrl != "")
+		return nil
+	}
+}
+
+// rekey is what Desktop.Rekey runs in a fork: the identity the request
+// names, then its token, the only one accepted from then on.
+func rekey(log *slog.Logger, srv *agent.Server) func(context.Context, *desktoppb.RekeyRequest) error {
+	return func(_ context.Context, req *desktoppb.RekeyRequest) error {
+		c := identity.Change{Hostname: req.Hostname, MachineID: req.MachineId, Entropy: req.Entropy}
+		if req.Addr != "" {
+			var err error
+			if c.MAC, err = net.ParseMAC(req.Mac); err != nil {
+				return fmt.Errorf("mac: %w", err)
+			}
+			if c.Addr, err = netip.ParsePrefix(req.Addr); err != nil {
+				return fmt.Errorf("addr: %w", err)
+			}
+			if c.OldAddr, err = netip.ParsePrefix(req.OldAddr); err != nil {
+				return fmt.Errorf("old_addr: %w", err)
+			}
+			if req.Gateway != "" {
+				if c.Gateway, err = netip.ParseAddr(req.Gateway); err != nil {
+					return fmt.Errorf("gateway: %w", err)
+				}
+			}
+		}
+		if err := identity.Apply(c, "/"); err != nil {
+			return err
+		}
+		srv.SetToken(req.Token)
+		log.Info("identity changed", "hostname", req.Hostname, "addr", req.Addr)
 		return nil
 	}
 }

@@ -38,6 +38,8 @@ type Manager interface {
 	// with the running time it had left). ErrConflict for a sandbox in
 	// another state, ErrNotSupported for a backend that cannot pause.
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	// Fork copies a running sandbox into count new sandboxes of owner.
+	Fork(ctx context.Context, id, owner string, count int) ([]sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeoutSeconds int) (sandbox.Sandbox, error)
 	// Agent returns the agent client of a running sandbox and marks it active
 	// (idle timer reset). errdefs.ErrNotFound for unknown ids, ErrConflict
@@ -229,6 +231,7 @@ func (s *server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/timeout", handler: s.setTimeout},
 		{pattern: "POST /v1/sandboxes/{id}/pause", handler: s.pauseSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
+		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.forkSandbox},
 
 		{pattern: "POST /v1/volumes", handler: s.createVolume},
 		{pattern: "GET /v1/volumes", handler: s.listVolumes},

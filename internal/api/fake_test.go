@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -150,6 +151,26 @@ func (m *fakeManager) Touch(context.Context, string) {
 	m.mu.Lock()
 	m.touched++
 	m.mu.Unlock()
+}
+
+func (m *fakeManager) Fork(ctx context.Context, id, owner string, count int) ([]sandbox.Sandbox, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sb, ok := m.sandboxes[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s not found", id)
+	}
+	if sb.State != sandbox.StateRunning {
+		return nil, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	out := make([]sandbox.Sandbox, count)
+	for i := range out {
+		c := sb
+		c.ID = fmt.Sprintf("%sf%d", id, len(m.sandboxes))
+		m.sandboxes[c.ID] = c
+		out[i] = c
+	}
+	return out, nil
 }
 
 func (m *fakeManager) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {

@@ -62,3 +62,48 @@ func TestPauseResumeAPI(t *testing.T) {
 		decode[struct{ Sandboxes []sandbox.Sandbox }](t, e.do("GET", "/v1/sandboxes?state="+st, nil), 200)
 	}
 }
+
+// TestForkAPI checks the wire side of fork: the count it takes (default
+// 1, 1..10), what a refused call answers and that it makes nothing.
+func TestForkAPI(t *testing.T) {
+	e := newTestEnv(t, Config{CreateRate: rate.Inf})
+	count := func() int {
+		e.mgr.mu.Lock()
+		defer e.mgr.mu.Unlock()
+		return len(e.mgr.sandboxes)
+	}
+	before := count()
+	for _, tt := range []struct {
+		name, path, body string
+		status           int
+		code             string
+		made             int
+	}{
+		{"count 0", "/v1/sandboxes/" + runningID + "/fork", `{"count":0}`, 400, codeInvalid, 0},
+		{"count 11", "/v1/sandboxes/" + runningID + "/fork", `{"count":11}`, 400, codeInvalid, 0},
+		{"count a string", "/v1/sandboxes/" + runningID + "/fork", `{"count":"2"}`, 400, codeInvalid, 0},
+		{"count fractional", "/v1/sandboxes/" + runningID + "/fork", `{"count":1.5}`, 400, codeInvalid, 0},
+		{"unknown member", "/v1/sandboxes/" + runningID + "/fork", `{"copies":2}`, 400, codeInvalid, 0},
+		{"not an object", "/v1/sandboxes/" + runningID + "/fork", `[2]`, 400, codeInvalid, 0},
+		{"unknown sandbox", "/v1/sandboxes/nope/fork", `{}`, 404, codeNotFound, 0},
+		{"stopped sandbox", "/v1/sandboxes/" + stoppedID + "/fork", `{}`, 409, codeConflict, 0},
+		{"default count", "/v1/sandboxes/" + runningID + "/fork", ``, 201, "", 1},
+		{"three", "/v1/sandboxes/" + runningID + "/fork", `{"count":3}`, 201, "", 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := e.do("POST", tt.path, strings.NewReader(tt.body))
+			if tt.status == 201 {
+				resp := decode[struct{ Sandboxes []sandbox.Sandbox }](t, w, 201)
+				if len(resp.Sandboxes) != tt.made {
+					t.Errorf("answered %d forks, want %d", len(resp.Sandboxes), tt.made)
+				}
+			} else {
+				wantError(t, w, tt.status, tt.code)
+			}
+			if got := count(); got != before+tt.made {
+				t.Errorf("%d sandboxes afterwards, want %d", got, before+tt.made)
+			}
+			before = count()
+		})
+	}
+}

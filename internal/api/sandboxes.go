@@ -279,6 +279,40 @@ func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, sb)
 }
 
+// forkResponse is the answer of POST /v1/sandboxes/{id}/fork.
+type forkResponse struct {
+	Sandboxes []sandbox.Sandbox `json:"sandboxes"`
+}
+
+func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
+	id, err := pathID(r)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	in := struct {
+		Count *int `json:"count"`
+	}{}
+	if err := decodeOptionalJSON(w, r, s.cfg.MaxBodyBytes, &in); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	count := 1
+	if in.Count != nil {
+		count = *in.Count
+	}
+	if count < 1 || count > sandbox.MaxForks {
+		s.writeError(w, r, invalidf("count must be 1..%d, not %d", sandbox.MaxForks, count))
+		return
+	}
+	sbs, err := s.mgr.Fork(r.Context(), id, s.keys.Owner(r), count)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, forkResponse{Sandboxes: sbs})
+}
+
 func (s *server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 	id, err := pathID(r)
 	if err != nil {

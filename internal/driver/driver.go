@@ -128,6 +128,22 @@ type Pauser interface {
 	Settle(ctx context.Context, st State) (Box, *Paused, error)
 }
 
+// Forker is implemented by backends that can fork a running box: copy it
+// as it is, memory, processes and disk, into new boxes while it runs on.
+type Forker interface {
+	// CanFork returns nil, or why boxes of this backend cannot fork on
+	// this host.
+	CanFork(ctx context.Context) error
+	// Fork makes one box of each of children (their own IDs and
+	// networks; the parent's shape), each a copy of parent at the
+	// moment of the call, and waits until their agents answer. A copy's
+	// agent still has the parent's identity (token, hostname,
+	// machine-id, random state, address): the caller re-keys it before
+	// it lets anyone reach it. parent runs on, paused for the time the
+	// copy takes. On error no child is left and parent runs on.
+	Fork(ctx context.Context, parent Box, children []Spec) ([]Box, error)
+}
+
 // ErrNotPausableNow is wrapped by a Pause refused before anything was
 // done, for what the box holds at the moment (gVisor: an open TCP
 // connection): the box runs on, and a later pause may succeed.

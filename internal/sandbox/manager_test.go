@@ -59,6 +59,27 @@ type appliedSession struct {
 	callToken string
 }
 
+// Rekey records a fork's re-key, refused when the driver says so.
+func (a readyAgent) Rekey(_ context.Context, req *connect.Request[desktoppb.RekeyRequest]) (*connect.Response[desktoppb.RekeyResponse], error) {
+	a.d.mu.Lock()
+	defer a.d.mu.Unlock()
+	if a.d.failRekey {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("fake: refused"))
+	}
+	if a.d.rekeyed == nil {
+		a.d.rekeyed = map[string]rekeyed{}
+	}
+	a.d.rekeyed[a.id] = rekeyed{req: req.Msg, callToken: req.Header().Get("X-Cubicle-Token")}
+	return connect.NewResponse(&desktoppb.RekeyResponse{}), nil
+}
+
+// rekeyed is what a fake box's Rekey was given, and the token the call
+// carried.
+type rekeyed struct {
+	req       *desktoppb.RekeyRequest
+	callToken string
+}
+
 // ApplySession acts out the agent's: once per box, refused when the
 // driver says so.
 func (a readyAgent) ApplySession(_ context.Context, req *connect.Request[desktoppb.ApplySessionRequest]) (*connect.Response[desktoppb.ApplySessionResponse], error) {
@@ -104,8 +125,10 @@ type fakeDriver struct {
 	// stopFails is how many Stop calls fail (then succeed), as an
 	// unmount that is busy for a while would.
 	stopFails int
-	noVolumes bool // the backend cannot attach volumes
-	failApply bool // ApplySession is refused
+	noVolumes bool               // the backend cannot attach volumes
+	failApply bool               // ApplySession is refused
+	failRekey bool               // Rekey is refused
+	rekeyed   map[string]rekeyed // by box ID
 	shutdowns atomic.Int32
 	applied   map[string]appliedSession // by box ID
 

@@ -1051,6 +1051,147 @@ func (*ApplySessionResponse) Descriptor() ([]byte, []int) {
 	return file_desktop_desktop_proto_rawDescGZIP(), []int{14}
 }
 
+type RekeyRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Token    string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Hostname string                 `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	// 32 lowercase hex digits, written to /etc/machine-id.
+	MachineId string `protobuf:"bytes,3,opt,name=machine_id,json=machineId,proto3" json:"machine_id,omitempty"`
+	// Fresh randomness from the host, credited to the guest kernel's pool
+	// (RNDADDENTROPY), so that the copies' random streams part.
+	Entropy []byte `protobuf:"bytes,4,opt,name=entropy,proto3" json:"entropy,omitempty"`
+	// The fork's network, when it has one: the interface that holds
+	// old_addr takes mac, addr and a default route via gateway.
+	Mac           string `protobuf:"bytes,5,opt,name=mac,proto3" json:"mac,omitempty"`
+	Addr          string `protobuf:"bytes,6,opt,name=addr,proto3" json:"addr,omitempty"` // CIDR
+	Gateway       string `protobuf:"bytes,7,opt,name=gateway,proto3" json:"gateway,omitempty"`
+	OldAddr       string `protobuf:"bytes,8,opt,name=old_addr,json=oldAddr,proto3" json:"old_addr,omitempty"` // the parent's address, CIDR
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RekeyRequest) Reset() {
+	*x = RekeyRequest{}
+	mi := &file_desktop_desktop_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RekeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RekeyRequest) ProtoMessage() {}
+
+func (x *RekeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_desktop_desktop_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RekeyRequest.ProtoReflect.Descriptor instead.
+func (*RekeyRequest) Descriptor() ([]byte, []int) {
+	return file_desktop_desktop_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RekeyRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *RekeyRequest) GetHostname() string {
+	if x != nil {
+		return x.Hostname
+	}
+	return ""
+}
+
+func (x *RekeyRequest) GetMachineId() string {
+	if x != nil {
+		return x.MachineId
+	}
+	return ""
+}
+
+func (x *RekeyRequest) GetEntropy() []byte {
+	if x != nil {
+		return x.Entropy
+	}
+	return nil
+}
+
+func (x *RekeyRequest) GetMac() string {
+	if x != nil {
+		return x.Mac
+	}
+	return ""
+}
+
+func (x *RekeyRequest) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *RekeyRequest) GetGateway() string {
+	if x != nil {
+		return x.Gateway
+	}
+	return ""
+}
+
+func (x *RekeyRequest) GetOldAddr() string {
+	if x != nil {
+		return x.OldAddr
+	}
+	return ""
+}
+
+type RekeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RekeyResponse) Reset() {
+	*x = RekeyResponse{}
+	mi := &file_desktop_desktop_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RekeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RekeyResponse) ProtoMessage() {}
+
+func (x *RekeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_desktop_desktop_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RekeyResponse.ProtoReflect.Descriptor instead.
+func (*RekeyResponse) Descriptor() ([]byte, []int) {
+	return file_desktop_desktop_proto_rawDescGZIP(), []int{16}
+}
+
 var File_desktop_desktop_proto protoreflect.FileDescriptor
 
 const file_desktop_desktop_proto_rawDesc = "" +
@@ -1144,14 +1285,26 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x16\n" +
-	"\x14ApplySessionResponse2\xc5\x02\n" +
+	"\x14ApplySessionResponse\"\xd4\x01\n" +
+	"\fRekeyRequest\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12\x1a\n" +
+	"\bhostname\x18\x02 \x01(\tR\bhostname\x12\x1d\n" +
+	"\n" +
+	"machine_id\x18\x03 \x01(\tR\tmachineId\x12\x18\n" +
+	"\aentropy\x18\x04 \x01(\fR\aentropy\x12\x10\n" +
+	"\x03mac\x18\x05 \x01(\tR\x03mac\x12\x12\n" +
+	"\x04addr\x18\x06 \x01(\tR\x04addr\x12\x18\n" +
+	"\agateway\x18\a \x01(\tR\agateway\x12\x19\n" +
+	"\bold_addr\x18\b \x01(\tR\aoldAddr\"\x0f\n" +
+	"\rRekeyResponse2\xfd\x02\n" +
 	"\aDesktop\x123\n" +
 	"\x04Info\x12\x14.desktop.InfoRequest\x1a\x15.desktop.InfoResponse\x12E\n" +
 	"\n" +
 	"Screenshot\x12\x1a.desktop.ScreenshotRequest\x1a\x1b.desktop.ScreenshotResponse\x120\n" +
 	"\x03Act\x12\x13.desktop.ActRequest\x1a\x14.desktop.ActResponse\x12?\n" +
 	"\bShutdown\x12\x18.desktop.ShutdownRequest\x1a\x19.desktop.ShutdownResponse\x12K\n" +
-	"\fApplySession\x12\x1c.desktop.ApplySessionRequest\x1a\x1d.desktop.ApplySessionResponseB6Z4github.com/cubicle-dev/cubicle/proto/desktop;desktopb\x06proto3"
+	"\fApplySession\x12\x1c.desktop.ApplySessionRequest\x1a\x1d.desktop.ApplySessionResponse\x126\n" +
+	"\x05Rekey\x12\x15.desktop.RekeyRequest\x1a\x16.desktop.RekeyResponseB6Z4github.com/cubicle-dev/cubicle/proto/desktop;desktopb\x06proto3"
 
 var (
 	file_desktop_desktop_proto_rawDescOnce sync.Once
@@ -1165,7 +1318,7 @@ func file_desktop_desktop_proto_rawDescGZIP() []byte {
 	return file_desktop_desktop_proto_rawDescData
 }
 
-var file_desktop_desktop_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_desktop_desktop_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_desktop_desktop_proto_goTypes = []any{
 	(*InfoRequest)(nil),          // 0: desktop.InfoRequest
 	(*InfoResponse)(nil),         // 1: desktop.InfoResponse
@@ -1182,7 +1335,9 @@ var file_desktop_desktop_proto_goTypes = []any{
 	(*ShutdownResponse)(nil),     // 12: desktop.ShutdownResponse
 	(*ApplySessionRequest)(nil),  // 13: desktop.ApplySessionRequest
 	(*ApplySessionResponse)(nil), // 14: desktop.ApplySessionResponse
-	nil,                          // 15: desktop.ApplySessionRequest.EnvEntry
+	(*RekeyRequest)(nil),         // 15: desktop.RekeyRequest
+	(*RekeyResponse)(nil),        // 16: desktop.RekeyResponse
+	nil,                          // 17: desktop.ApplySessionRequest.EnvEntry
 }
 var file_desktop_desktop_proto_depIdxs = []int32{
 	2,  // 0: desktop.ScreenshotRequest.region:type_name -> desktop.Region
@@ -1192,19 +1347,21 @@ var file_desktop_desktop_proto_depIdxs = []int32{
 	4,  // 4: desktop.ActionResult.screenshot:type_name -> desktop.ScreenshotResponse
 	6,  // 5: desktop.ActRequest.actions:type_name -> desktop.Action
 	8,  // 6: desktop.ActResponse.results:type_name -> desktop.ActionResult
-	15, // 7: desktop.ApplySessionRequest.env:type_name -> desktop.ApplySessionRequest.EnvEntry
+	17, // 7: desktop.ApplySessionRequest.env:type_name -> desktop.ApplySessionRequest.EnvEntry
 	0,  // 8: desktop.Desktop.Info:input_type -> desktop.InfoRequest
 	3,  // 9: desktop.Desktop.Screenshot:input_type -> desktop.ScreenshotRequest
 	9,  // 10: desktop.Desktop.Act:input_type -> desktop.ActRequest
 	11, // 11: desktop.Desktop.Shutdown:input_type -> desktop.ShutdownRequest
 	13, // 12: desktop.Desktop.ApplySession:input_type -> desktop.ApplySessionRequest
-	1,  // 13: desktop.Desktop.Info:output_type -> desktop.InfoResponse
-	4,  // 14: desktop.Desktop.Screenshot:output_type -> desktop.ScreenshotResponse
-	10, // 15: desktop.Desktop.Act:output_type -> desktop.ActResponse
-	12, // 16: desktop.Desktop.Shutdown:output_type -> desktop.ShutdownResponse
-	14, // 17: desktop.Desktop.ApplySession:output_type -> desktop.ApplySessionResponse
-	13, // [13:18] is the sub-list for method output_type
-	8,  // [8:13] is the sub-list for method input_type
+	15, // 13: desktop.Desktop.Rekey:input_type -> desktop.RekeyRequest
+	1,  // 14: desktop.Desktop.Info:output_type -> desktop.InfoResponse
+	4,  // 15: desktop.Desktop.Screenshot:output_type -> desktop.ScreenshotResponse
+	10, // 16: desktop.Desktop.Act:output_type -> desktop.ActResponse
+	12, // 17: desktop.Desktop.Shutdown:output_type -> desktop.ShutdownResponse
+	14, // 18: desktop.Desktop.ApplySession:output_type -> desktop.ApplySessionResponse
+	16, // 19: desktop.Desktop.Rekey:output_type -> desktop.RekeyResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1223,7 +1380,7 @@ func file_desktop_desktop_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_desktop_desktop_proto_rawDesc), len(file_desktop_desktop_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -46,6 +46,7 @@ type Service struct {
 	headless bool
 	shutdown func(context.Context) error
 	apply    func(context.Context, *desktop.ApplySessionRequest) error
+	rekey    func(context.Context, *desktop.RekeyRequest) error
 }
 
 // SetShutdown gives the service what Shutdown runs: the agent's own
@@ -97,6 +98,31 @@ func (s *Service) ApplySession(ctx context.Context, req *connect.Request[desktop
 		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
 	}
 	return connect.NewResponse(&desktop.ApplySessionResponse{}), nil
+}
+
+// SetRekey gives the service what Rekey runs: the agent's change of
+// identity when its box is a fork.
+func (s *Service) SetRekey(f func(context.Context, *desktop.RekeyRequest) error) {
+	s.mu.Lock()
+	s.rekey = f
+	s.mu.Unlock()
+}
+
+// Rekey hands the request to the function SetRekey gave.
+func (s *Service) Rekey(ctx context.Context, req *connect.Request[desktop.RekeyRequest]) (*connect.Response[desktop.RekeyResponse], error) {
+	s.mu.RLock()
+	f := s.rekey
+	s.mu.RUnlock()
+	if f == nil {
+		return nil, connect.NewError(connect.CodeUnimplemented, errors.New("this agent cannot change its identity"))
+	}
+	if req.Msg.Token == "" {
+		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("no token"))
+	}
+	if err := f(ctx, req.Msg); err != nil {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return connect.NewResponse(&desktop.RekeyResponse{}), nil
 }
 
 var _ desktopconnect.DesktopHandler = (*Service)(nil)

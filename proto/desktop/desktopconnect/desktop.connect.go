@@ -46,6 +46,8 @@ const (
 	DesktopShutdownProcedure = "/desktop.Desktop/Shutdown"
 	// DesktopApplySessionProcedure is the fully-qualified name of the Desktop's ApplySession RPC.
 	DesktopApplySessionProcedure = "/desktop.Desktop/ApplySession"
+	// DesktopRekeyProcedure is the fully-qualified name of the Desktop's Rekey RPC.
+	DesktopRekeyProcedure = "/desktop.Desktop/Rekey"
 )
 
 // DesktopClient is a client for the desktop.Desktop service.
@@ -70,6 +72,12 @@ type DesktopClient interface {
 	// sandbox takes one session in its life: the agent refuses a second
 	// ApplySession, and one of a sandbox not booted for the pool.
 	ApplySession(context.Context, *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error)
+	// Rekey gives a fork its own identity: a fork starts as a copy of its
+	// parent's memory, so its agent holds the parent's token, hostname,
+	// machine-id, random state and address until the daemon re-keys it,
+	// before anyone can reach it. From then on only the new token is
+	// accepted.
+	Rekey(context.Context, *connect.Request[desktop.RekeyRequest]) (*connect.Response[desktop.RekeyResponse], error)
 }
 
 // NewDesktopClient constructs a client for the desktop.Desktop service. By default, it uses the
@@ -113,6 +121,12 @@ func NewDesktopClient(httpClient connect.HTTPClient, baseURL string, opts ...con
 			connect.WithSchema(desktopMethods.ByName("ApplySession")),
 			connect.WithClientOptions(opts...),
 		),
+		rekey: connect.NewClient[desktop.RekeyRequest, desktop.RekeyResponse](
+			httpClient,
+			baseURL+DesktopRekeyProcedure,
+			connect.WithSchema(desktopMethods.ByName("Rekey")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -123,6 +137,7 @@ type desktopClient struct {
 	act          *connect.Client[desktop.ActRequest, desktop.ActResponse]
 	shutdown     *connect.Client[desktop.ShutdownRequest, desktop.ShutdownResponse]
 	applySession *connect.Client[desktop.ApplySessionRequest, desktop.ApplySessionResponse]
+	rekey        *connect.Client[desktop.RekeyRequest, desktop.RekeyResponse]
 }
 
 // Info calls desktop.Desktop.Info.
@@ -150,6 +165,11 @@ func (c *desktopClient) ApplySession(ctx context.Context, req *connect.Request[d
 	return c.applySession.CallUnary(ctx, req)
 }
 
+// Rekey calls desktop.Desktop.Rekey.
+func (c *desktopClient) Rekey(ctx context.Context, req *connect.Request[desktop.RekeyRequest]) (*connect.Response[desktop.RekeyResponse], error) {
+	return c.rekey.CallUnary(ctx, req)
+}
+
 // DesktopHandler is an implementation of the desktop.Desktop service.
 type DesktopHandler interface {
 	// Info reports the agent's version, capabilities and the screen; ready is
@@ -172,6 +192,12 @@ type DesktopHandler interface {
 	// sandbox takes one session in its life: the agent refuses a second
 	// ApplySession, and one of a sandbox not booted for the pool.
 	ApplySession(context.Context, *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error)
+	// Rekey gives a fork its own identity: a fork starts as a copy of its
+	// parent's memory, so its agent holds the parent's token, hostname,
+	// machine-id, random state and address until the daemon re-keys it,
+	// before anyone can reach it. From then on only the new token is
+	// accepted.
+	Rekey(context.Context, *connect.Request[desktop.RekeyRequest]) (*connect.Response[desktop.RekeyResponse], error)
 }
 
 // NewDesktopHandler builds an HTTP handler from the service implementation. It returns the path on
@@ -211,6 +237,12 @@ func NewDesktopHandler(svc DesktopHandler, opts ...connect.HandlerOption) (strin
 		connect.WithSchema(desktopMethods.ByName("ApplySession")),
 		connect.WithHandlerOptions(opts...),
 	)
+	desktopRekeyHandler := connect.NewUnaryHandler(
+		DesktopRekeyProcedure,
+		svc.Rekey,
+		connect.WithSchema(desktopMethods.ByName("Rekey")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/desktop.Desktop/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case DesktopInfoProcedure:
@@ -223,6 +255,8 @@ func NewDesktopHandler(svc DesktopHandler, opts ...connect.HandlerOption) (strin
 			desktopShutdownHandler.ServeHTTP(w, r)
 		case DesktopApplySessionProcedure:
 			desktopApplySessionHandler.ServeHTTP(w, r)
+		case DesktopRekeyProcedure:
+			desktopRekeyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -250,4 +284,8 @@ func (UnimplementedDesktopHandler) Shutdown(context.Context, *connect.Request[de
 
 func (UnimplementedDesktopHandler) ApplySession(context.Context, *connect.Request[desktop.ApplySessionRequest]) (*connect.Response[desktop.ApplySessionResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("desktop.Desktop.ApplySession is not implemented"))
+}
+
+func (UnimplementedDesktopHandler) Rekey(context.Context, *connect.Request[desktop.RekeyRequest]) (*connect.Response[desktop.RekeyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("desktop.Desktop.Rekey is not implemented"))
 }

@@ -1,0 +1,211 @@
+package qemu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
+	"github.com/cubicle-dev/cubicle/internal/image"
+)
+
+// A fork is a pause that does not end the VM: the parent's vCPUs stop,
+// its memory and devices stream to memory.part in its directory (the
+// name a pause uses, so that a daemon killed meanwhile leaves what
+// Adopt's thaw already cleans and resumes), its disk overlay and config
+// disk are copied (a reflink where the filesystem can) while nothing
+// writes them, and the parent runs on. Each child is then the parent's
+// QEMU command line made for the child's directory, name and TAP, with
+// the stream coming in (-incoming), as a resume is. The children share
+// the read-only stream and each has its own overlay, so none sees what
+// another writes.
+
+// memoryFork is a child's link to its parent's stream while it loads.
+const memoryFork = "memory.fork"
+
+var _ driver.Forker = (*Driver)(nil)
+
+// CanFork returns nil: QEMU migrates to a file on every host.
+func (d *Driver) CanFork(ctx context.Context) error { return nil }
+
+// Fork copies the running VM parent into one new VM per child spec.
+func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.Spec) (_ []driver.Box, err error) {
+	b, ok := parent.(*box)
+	if !ok || b.d != d {
+		return nil, errors.New("fork: not a box of this driver")
+	}
+	if len(children) == 0 {
+		return nil, nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
+		defer cancel()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	id, dir := b.data.ID, b.data.Dir
+	if b.stopped || isClosed(b.dead) {
+		return nil, fmt.Errorf("fork %s: the VM is not running", id)
+	}
+	if len(b.data.Argv) == 0 {
+		return nil, fmt.Errorf("fork %s: the VM was started by a cubicled without pause; it cannot be forked", id)
+	}
+	if strings.ContainsAny(dir, "'\n") {
+		return nil, fmt.Errorf("fork %s: state directory %q holds a quote", id, dir)
+	}
+	for i := range children {
+		if err := validID(children[i].ID); err != nil {
+			return nil, fmt.Errorf("fork %s: child %d: %w", id, i, err)
+		}
+		if len(children[i].Volumes) > 0 {
+			return nil, fmt.Errorf("fork %s: a child cannot have volumes: one sandbox at a time holds a volume", id)
+		}
+		children[i] = withDefaults(children[i])
+	}
+	vm, err := image.LookupVM(children[0].Image)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	stream := filepath.Join(dir, memoryPart)
+	defer os.Remove(stream)
+	var made []*box
+	var dirs []string
+	defer func() {
+		if err == nil {
+			return
+		}
+		teardown := context.WithoutCancel(ctx)
+		for _, c := range made {
+			_ = c.Stop(teardown)
+		}
+		for _, cd := range dirs {
+			os.RemoveAll(cd)
+		}
+	}()
+
+	// The copy: vCPUs stopped, stream written, disks copied, parent on.
+	if err := d.snapshotInto(ctx, b, stream, func() error {
+		for _, c := range children {
+			cd := d.boxDir(c.ID)
+			if err := os.Mkdir(cd, 0o700); err != nil {
+				return fmt.Errorf("child %s: %w", c.ID, err)
+			}
+			dirs = append(dirs, cd)
+			for _, f := range []string{"overlay.qcow2", "config.img"} {
+				if _, err := hostfile.Clone(filepath.Join(dir, f), filepath.Join(cd, f)); err != nil {
+					return fmt.Errorf("child %s: %w", c.ID, err)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+
+	for i, c := range children {
+		cb, err := d.startCopy(ctx, b.data, c, dirs[i], vm.Kernel, stream)
+		if cb != nil {
+			made = append(made, cb)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fork %s: child %s: %w", id, c.ID, err)
+		}
+	}
+	out := make([]driver.Box, len(made))
+	for i, c := range made {
+		out[i] = c
+	}
+	return out, nil
+}
+
+// snapshotInto stops b's vCPUs, migrates its memory and devices to
+// stream, runs copyDisks (the disks are still and flushed then), and lets b
+// run again whatever happened.
+func (d *Driver) snapshotInto(ctx context.Context, b *box, stream string, copyDisks func() error) (err error) {
+	sock := filepath.Join(b.data.Dir, "qmp.sock")
+	q, err := dialQMP(ctx, sock)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// The parent runs on, on a connection of its own when ctx is
+		// what ended the copy (QMP serves one connection at a time).
+		q.Close()
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		cq, cerr := dialQMP(cctx, sock)
+		if cerr != nil {
+			err = errors.Join(err, fmt.Errorf("let the parent run again: %w", cerr))
+			return
+		}
+		defer cq.Close()
+		if err != nil {
+			_, _ = cq.run("migrate_cancel", nil)
+		}
+		if _, cerr := cq.run("cont", nil); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("let the parent run again: %w", cerr))
+		}
+	}()
+	if _, err := q.run("migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
+		return err
+	}
+	if _, err := q.run("stop", nil); err != nil {
+		return err
+	}
+	if _, err := q.run("migrate", map[string]any{"uri": "exec:cat > '" + stream + "'"}); err != nil {
+		return err
+	}
+	if err := waitMigration(ctx, q); err != nil {
+		return err
+	}
+	return copyDisks()
+}
+
+// startCopy starts child c in cd from stream, a copy of the VM parent
+// describes, and waits until its agent answers.
+func (d *Driver) startCopy(ctx context.Context, parent boxData, c driver.Spec, cd, kernel, stream string) (*box, error) {
+	args := d.qemuArgs(c, cd, kernel, parent.Initramfs, parent.KVM)
+	name := d.cfg.QEMU
+	if c.Net != nil && c.Net.Netns != "" {
+		args = append([]string{"--net=" + c.Net.Netns, "--", name}, args...)
+		name = "nsenter"
+	}
+	argv := append([]string{name}, args...)
+	// The child reads the stream through a link in its own directory:
+	// nothing of its command line may name another box's directory, by
+	// which the parent's QEMU is found (vmsOf) and killed.
+	in := filepath.Join(cd, memoryFork)
+	if err := os.Link(stream, in); err != nil {
+		return nil, err
+	}
+	pid, exited, err := startQEMU(cd, append(argv, "-S", "-incoming", "exec:cat '"+in+"'"))
+	if err != nil {
+		return nil, err
+	}
+	data := boxData{ID: c.ID, Pid: pid, Dir: cd, Image: parent.Image, Initramfs: parent.Initramfs, KVM: parent.KVM,
+		StartTime: procStartTime(pid), Argv: argv}
+	cb := newBox(d, data, exited)
+	if err := writeBoxData(data); err != nil {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		return cb, err
+	}
+	if err := waitIncoming(ctx, cb); err != nil {
+		return cb, fmt.Errorf("%w\n%s", err, hostfile.Tail(filepath.Join(cd, "qemu.log"), 5))
+	}
+	os.Remove(in)
+	if err := qmpCommand(ctx, filepath.Join(cd, "qmp.sock"), "cont"); err != nil {
+		return cb, err
+	}
+	kickGuestSession(ctx, cd)
+	if err := cb.waitAgentEvery(ctx, 2*time.Second); err != nil {
+		return cb, err
+	}
+	return cb, nil
+}
