@@ -202,6 +202,38 @@ func parsePauseBody(body []byte) error {
 	return decodeJSON(body, &in, true)
 }
 
+// maxE2BForks is the most forks E2B's API takes in one call; cubicle
+// makes at most sandbox.MaxForks.
+const maxE2BForks = 100
+
+// parseForkBody reads POST /sandboxes/{id}/fork's {timeout, count}: the
+// forks' timeout in seconds (0: the parent's) and how many (default 1).
+func parseForkBody(body []byte) (seconds, count int, err error) {
+	var in struct {
+		Timeout *int64 `json:"timeout"`
+		Count   *int64 `json:"count"`
+	}
+	if err := decodeJSON(body, &in, true); err != nil {
+		return 0, 0, err
+	}
+	if in.Timeout != nil {
+		if seconds, err = timeoutSeconds(in.Timeout, 0); err != nil {
+			return 0, 0, err
+		}
+	}
+	count = 1
+	if in.Count != nil {
+		if *in.Count < 1 || *in.Count > maxE2BForks {
+			return 0, 0, badRequestf("count must be 1..%d, not %d", maxE2BForks, *in.Count)
+		}
+		if *in.Count > sandbox.MaxForks {
+			return 0, 0, badRequestf("cubicle forks at most %d sandboxes at once, not %d", sandbox.MaxForks, *in.Count)
+		}
+		count = int(*in.Count)
+	}
+	return seconds, count, nil
+}
+
 // timeoutSeconds validates an E2B timeout: int32 seconds, at least 0. E2B
 // reads 0 as "expire now" while cubicle's manager reads it as "the
 // maximum", so 0 becomes the smallest timeout the manager can express.

@@ -36,6 +36,8 @@ type fakeManager struct {
 	paused     []string // ids Pause was called for
 	resumed    []int    // the timeouts Resume was called with
 	pauseErr   error    // what Pause answers, when set
+	forkErr    error    // what Fork answers, when set
+	forks      []int    // the counts Fork was called with
 	createErr  error
 	getErr     error
 	panicOnGet bool
@@ -182,6 +184,32 @@ func (f *fakeManager) Resume(ctx context.Context, id string, seconds int) (sandb
 	sb.ExpiresAt = t0.Add(time.Duration(seconds) * time.Second)
 	f.sbs[id] = sb
 	return sb, nil
+}
+
+func (f *fakeManager) Fork(ctx context.Context, id, owner string, count int) ([]sandbox.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	if !ok {
+		return nil, errdefs.NotFound("sandbox %s not found", id)
+	}
+	f.forks = append(f.forks, count)
+	if f.forkErr != nil {
+		return nil, f.forkErr
+	}
+	if sb.State != sandbox.StateRunning {
+		return nil, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	var out []sandbox.Sandbox
+	for range count {
+		f.n++
+		c := sb
+		c.ID = fmt.Sprintf("sbx%017d", f.n)
+		c.Metadata = maps.Clone(sb.Metadata)
+		f.sbs[c.ID] = c
+		out = append(out, c)
+	}
+	return out, nil
 }
 
 // testKey and testTokenKey are the API key and token key of test servers.

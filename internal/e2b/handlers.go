@@ -214,6 +214,58 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// forkResult is one element of fork's answer: a running fork, or why
+// one could not be made (E2B answers one element per fork asked for).
+type forkResult struct {
+	Sandbox *sandboxBody `json:"sandbox,omitempty"`
+	Error   *forkError   `json:"error,omitempty"`
+}
+
+type forkError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+// fork answers 201 with the forks of a running sandbox, each with its
+// own envd token; with a timeout, each expires that long from now.
+// cubicle makes all of them or none, so a failure is the whole answer's.
+func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
+	body, err := readBody(w, r, maxBodyBytes)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	seconds, count, err := parseForkBody(body)
+	if err != nil {
+		writeError(w, s.log, r, err)
+		return
+	}
+	sb, ok := s.lookup(w, r)
+	if !ok {
+		return
+	}
+	forks, err := s.mgr.Fork(r.Context(), sb.ID, s.keys.Owner(r), count)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = notFound(sb.ID)
+		}
+		writeError(w, s.log, r, err)
+		return
+	}
+	out := make([]forkResult, len(forks))
+	for i, f := range forks {
+		if seconds > 0 {
+			if f, err = s.extend(r, f.ID, seconds); err != nil {
+				out[i] = forkResult{Error: &forkError{Code: http.StatusInternalServerError, Message: err.Error()}}
+				continue
+			}
+		}
+		b := s.sandboxBody(f, "")
+		out[i] = forkResult{Sandbox: &b}
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
 // resume is the deprecated resume: 201 with the sandbox of a paused one
 // it resumed, 409 for one already running.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {

@@ -32,6 +32,8 @@ type Manager interface {
 	// back, expiring seconds from then.
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
+	// Fork copies a running sandbox into count new ones of owner.
+	Fork(ctx context.Context, id, owner string, count int) ([]sandbox.Sandbox, error)
 }
 
 // Config configures a Server. Zero values get the defaults noted.
@@ -129,6 +131,7 @@ func New(cfg Config, mgr Manager, log *slog.Logger) *Server {
 		{Pattern: "POST /v2/sandboxes/{id}/connect", Handler: s.connectV2},
 		{Pattern: "POST /sandboxes/{id}/pause", Handler: s.pause},
 		{Pattern: "POST /sandboxes/{id}/resume", Handler: s.resume},
+		{Pattern: "POST /sandboxes/{id}/fork", Handler: s.fork},
 		{Pattern: "GET /sandboxes/{id}/metrics", Handler: s.metrics},
 		{Pattern: "GET /sandboxes/{id}/logs", Handler: s.logsV1},
 		{Pattern: "GET /v2/sandboxes/{id}/logs", Handler: s.logsV2},

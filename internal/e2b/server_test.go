@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -735,7 +736,7 @@ func TestRoutes(t *testing.T) {
 		"GET /health", "POST /sandboxes", "POST /v2/sandboxes", "GET /sandboxes", "GET /v2/sandboxes",
 		"GET /sandboxes/{id}", "DELETE /sandboxes/{id}", "POST /sandboxes/{id}/timeout",
 		"POST /sandboxes/{id}/connect", "POST /v2/sandboxes/{id}/connect", "POST /sandboxes/{id}/pause",
-		"POST /sandboxes/{id}/resume", "GET /sandboxes/{id}/metrics", "GET /sandboxes/{id}/logs",
+		"POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork", "GET /sandboxes/{id}/metrics", "GET /sandboxes/{id}/logs",
 		"GET /v2/sandboxes/{id}/logs",
 	}
 	var got []string
@@ -826,5 +827,80 @@ func TestOwnsPath(t *testing.T) {
 		if got := OwnsPath(p); got != want {
 			t.Errorf("OwnsPath(%q) = %v, want %v", p, got, want)
 		}
+	}
+}
+
+// TestFork checks E2B's fork: {timeout, count} in, 201 with one
+// {"sandbox": …} per fork (each with its own envd token) out; what
+// cubicle refuses is refused whole, in E2B's error shape.
+func TestFork(t *testing.T) {
+	for _, tt := range []struct {
+		name, body string
+		state      sandbox.State
+		forkErr    error
+		status     int
+		wantMsg    string
+		wantForks  int
+		wantCalls  []int
+		wantExpiry time.Duration // of each fork, from the fake's clock
+	}{
+		{name: "default", status: 201, wantForks: 1, wantCalls: []int{1}},
+		{name: "three with a timeout", body: `{"count":3,"timeout":120}`, status: 201, wantForks: 3, wantCalls: []int{3}, wantExpiry: 120 * time.Second},
+		{name: "count 0", body: `{"count":0}`, status: 400, wantMsg: "count must be"},
+		{name: "count past E2B's 100", body: `{"count":101}`, status: 400, wantMsg: "count must be"},
+		{name: "count past cubicle's 10", body: `{"count":11}`, status: 400, wantMsg: "at most 10"},
+		{name: "count a string", body: `{"count":"2"}`, status: 400, wantMsg: "count"},
+		{name: "negative timeout", body: `{"timeout":-1}`, status: 400, wantMsg: "timeout"},
+		{name: "an unknown member is E2B's newer field", body: `{"count":2,"copies":9}`, status: 201, wantForks: 2, wantCalls: []int{2}},
+		{name: "not supported", forkErr: errdefs.New(errdefs.ErrNotSupported, "the gvisor backend cannot fork sandboxes yet; qemu can"), status: 501, wantMsg: "cannot fork", wantCalls: []int{1}},
+		{name: "paused", state: sandbox.StatePaused, status: 409, wantMsg: "paused", wantCalls: []int{1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, f := newTestServer(t, nil)
+			sb := running("sb1")
+			if tt.state != "" {
+				sb.State = tt.state
+			}
+			f.add(sb)
+			f.forkErr = tt.forkErr
+			rec := do(t, s, "POST", "/sandboxes/sb1/fork", tt.body, nil)
+			if !slices.Equal(f.forks, tt.wantCalls) {
+				t.Errorf("Fork called with %v, want %v", f.forks, tt.wantCalls)
+			}
+			if tt.status != 201 {
+				checkError(t, rec.Code, rec.Body.Bytes(), tt.status, tt.wantMsg)
+				return
+			}
+			if rec.Code != 201 {
+				t.Fatalf("status %d (body %s)", rec.Code, rec.Body)
+			}
+			var out []struct {
+				Sandbox *struct {
+					SandboxID       string `json:"sandboxID"`
+					EnvdAccessToken string `json:"envdAccessToken"`
+					EndAt           string `json:"endAt"`
+				} `json:"sandbox"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
+				t.Fatal(err)
+			}
+			if len(out) != tt.wantForks {
+				t.Fatalf("%d results, want %d: %s", len(out), tt.wantForks, rec.Body)
+			}
+			tokens := map[string]bool{AccessToken(testTokenKey, "sb1"): true}
+			for _, r := range out {
+				if r.Sandbox == nil || r.Sandbox.SandboxID == "sb1" || tokens[r.Sandbox.EnvdAccessToken] {
+					t.Errorf("result %+v: want a fork with an envd token of its own", r.Sandbox)
+					continue
+				}
+				tokens[r.Sandbox.EnvdAccessToken] = true
+				if r.Sandbox.EnvdAccessToken != AccessToken(testTokenKey, r.Sandbox.SandboxID) {
+					t.Errorf("fork %s carries a token not its own", r.Sandbox.SandboxID)
+				}
+			}
+			if tt.wantExpiry > 0 && !slices.Equal(f.timeouts, []int{120, 120, 120}) {
+				t.Errorf("timeouts set %v, want 120 s on each fork", f.timeouts)
+			}
+		})
 	}
 }

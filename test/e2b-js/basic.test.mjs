@@ -441,3 +441,74 @@ describe('e2b SDK, pause and resume', { timeout: 10 * 60 * 1000 }, () => {
     }
   })
 })
+
+describe('e2b SDK, fork', { timeout: 15 * 60 * 1000 }, () => {
+  it('fork({count}) refused on gvisor; on qemu copies with files, processes and their own ids, machine-ids and envd tokens', async (t) => {
+    const tls = env('CUBICLE_TLS_ADDR')
+    const info = await (await fetch(`${env('E2B_API_URL')}/v1/info`, { headers: { 'X-API-Key': env('E2B_API_KEY') } })).json()
+    const qemu = info.backends.find((b) => b.name === 'qemu')
+    if (!qemu?.available && process.env.CUBICLE_REQUIRE_E2E !== '1') {
+      t.skip(`qemu is not available here: ${qemu?.reason}`)
+      return
+    }
+    // The SDK's sandboxes run on the daemon's default backend (gvisor),
+    // which does not fork yet: the SDK surfaces the refusal.
+    const g = await Sandbox.create('base', { metadata: { suite: 'cubicle-e2b-js', run: `${run}-fork` } })
+    try {
+      await assert.rejects(g.fork({ count: 2 }), (e) => /cannot fork/.test(e.message), 'fork on gvisor')
+    } finally {
+      await Sandbox.kill(g.sandboxId).catch(() => {})
+    }
+    // qemu forks. E2B's create has no backend to choose, so the parent is
+    // made with cubicle's own API; the SDK connects to it and forks it.
+    const res = await fetch(`${env('E2B_API_URL')}/v1/sandboxes`, {
+      method: 'POST',
+      headers: { 'X-API-Key': env('E2B_API_KEY'), 'Content-Type': 'application/json' },
+      body: JSON.stringify({ backend: 'qemu', memory_mb: 1536, metadata: { suite: 'cubicle-e2b-js', run: `${run}-fork` } }),
+    })
+    assert.equal(res.status, 201, await res.clone().text())
+    const { id } = await res.json()
+    const made = [id]
+    try {
+      const parent = await Sandbox.connect(id, { timeoutMs: 10 * 60 * 1000 })
+      await parent.commands.run('echo before-fork > /home/user/fork-file')
+      const bg = await parent.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/n.part; mv /tmp/n.part /tmp/n; sleep 0.2; done', { background: true })
+      await waitFor('the counter', async () => (await probe(parent, 'cat /tmp/n')).stdout.trim() !== '')
+      const parentMachineID = (await parent.commands.run('cat /etc/machine-id')).stdout
+
+      const forks = await parent.fork({ count: 2, timeoutMs: 5 * 60 * 1000 })
+      assert.equal(forks.length, 2)
+      for (const f of forks) {
+        assert.ok(!(f instanceof Error), `a fork failed: ${f}`)
+        made.push(f.sandboxId)
+      }
+      const ids = new Set([id, ...forks.map((f) => f.sandboxId)])
+      assert.equal(ids.size, 3, 'every fork has an id of its own')
+      const machineIDs = new Set([parentMachineID])
+      for (const f of forks) {
+        assert.equal((await f.getInfo()).state, 'running')
+        assert.equal((await f.commands.run('cat /home/user/fork-file')).stdout, 'before-fork\n')
+        // The parent's background process was copied and counts on.
+        assert.equal((await f.commands.run(`kill -0 ${bg.pid} && echo alive`)).stdout, 'alive\n')
+        const n = Number((await f.commands.run('cat /tmp/n')).stdout)
+        await waitFor('the copied counter to go on', async () => Number((await f.commands.run('cat /tmp/n')).stdout) > n)
+        machineIDs.add((await f.commands.run('cat /etc/machine-id')).stdout)
+        await f.commands.run(`echo ${f.sandboxId} > /home/user/fork-file`)
+      }
+      assert.equal(machineIDs.size, 3, 'the parent and each fork have a machine-id of their own')
+      assert.equal((await parent.commands.run('cat /home/user/fork-file')).stdout, 'before-fork\n', 'a fork wrote to the parent\'s disk')
+      assert.equal((await forks[0].commands.run('cat /home/user/fork-file')).stdout, `${forks[0].sandboxId}\n`, 'one fork wrote to another\'s disk')
+      // Each envd token opens its own sandbox only.
+      const [a, b] = forks
+      const path = '/files?path=/home/user/fork-file&username=user'
+      const own = await fetchVia(tls, `https://${a.getHost(49983)}${path}`, { 'X-Access-Token': a.envdAccessToken })
+      assert.equal(own.status, 200, own.body)
+      for (const [what, token] of [["the other fork's", b.envdAccessToken], ["the parent's", parent.envdAccessToken]]) {
+        const r = await fetchVia(tls, `https://${a.getHost(49983)}${path}`, { 'X-Access-Token': token })
+        assert.equal(r.status, 401, `fork ${a.sandboxId} with ${what} envd token: ${r.status} ${r.body}`)
+      }
+    } finally {
+      for (const sid of made) await Sandbox.kill(sid).catch(() => {})
+    }
+  })
+})

@@ -24,6 +24,7 @@ var e2bAnswers = map[string]int{
 	"POST /v2/sandboxes/{id}/connect": 400,
 	"POST /sandboxes/{id}/pause":      400,
 	"POST /sandboxes/{id}/resume":     400,
+	"POST /sandboxes/{id}/fork":       400,
 }
 
 // e2bWellFormedFor lists, per route, the bodies of e2bMalformedBodies
