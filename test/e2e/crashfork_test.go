@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/needs"
+	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+// TestCrashFork kills cubicled with -9 at random points of forks of a
+// running qemu desktop (CUBICLE_CRASH_FORK_ROUNDS times, default 4) and
+// restarts it. After each restart the parent is running and usable (a
+// fork stops its vCPUs for the copy: a daemon killed then leaves them
+// stopped, and the restart lets them run), and each fork the round made
+// is running and usable or stopped without a trace; once the forks are
+// gone the host holds what it held before the round.
+func TestCrashFork(t *testing.T) {
+	if !netpooltest.InOwnNetns(t) {
+		return
+	}
+	needs.Command(t, "nft")
+	needs.Image(t, filepath.Join(imageDir(), "desktop"))
+	for _, backend := range selectedBackends("qemu") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testCrashFork(t, backend)
+		})
+	}
+}
+
+func testCrashFork(t *testing.T, backend string) {
+	rounds := 4
+	if s := os.Getenv("CUBICLE_CRASH_FORK_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("CUBICLE_CRASH_FORK_ROUNDS=%q", s)
+		}
+		rounds = n
+	}
+	dataDir, err := os.MkdirTemp("", "cubicle-e2e-crashf-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	sctx, cancel := context.WithTimeout(ctx, time.Minute)
+	d, err := harness.Start(sctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend,
+		Args: []string{"--net", "--net-bridge", "cbcrashf", "--net-cidr", "10.89.40.0/24"}})
+	cancel()
+	if err != nil {
+		os.RemoveAll(dataDir)
+		t.Fatal(err)
+	}
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
+	t.Cleanup(func() {
+		if sbs, err := c.List(ctx, client.ListOptions{}); err == nil {
+			for _, sb := range sbs {
+				c.Destroy(ctx, sb.ID)
+			}
+		}
+		d.Stop()
+		if t.Failed() {
+			log, _ := os.ReadFile(d.Log)
+			t.Logf("cubicled log (tail):\n%s", tail(string(log), 80))
+		}
+		os.RemoveAll(dataDir)
+	})
+	parent, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 800, Height: 600},
+		Metadata: map[string]string{"crash": "fork"}, Network: &client.Network{Allow: []string{"192.0.2.0/24"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// forksOf lists the forks made since the last call (forks copy the
+	// parent's metadata; stopped ones stay listed for a while).
+	known := map[string]bool{parent.ID: true}
+	forksOf := func() []client.Sandbox {
+		t.Helper()
+		sbs, err := c.List(ctx, client.ListOptions{Metadata: map[string]string{"crash": "fork"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []client.Sandbox
+		for _, sb := range sbs {
+			if !known[sb.ID] {
+				known[sb.ID] = true
+				out = append(out, sb)
+			}
+		}
+		return out
+	}
+	// An undisturbed fork of two, so that kills fall anywhere in one.
+	t0 := time.Now()
+	forks, err := c.Fork(ctx, parent.ID, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	t.Logf("undisturbed: fork of 2 in %v", took.Round(time.Millisecond))
+	forksOf()
+	for _, f := range forks {
+		if err := c.Destroy(ctx, f.ID); err != nil {
+			t.Fatal(err)
+		}
+		assertCrashClean(t, dataDir, f)
+	}
+	outcome := map[string]int{}
+	for round := range rounds {
+		before := snapshotHost(dataDir, d.Pid())
+		free := metricValue(t, d, "cubicle_netpool_free")
+		at := time.Duration(rand.Int64N(int64(took) * 11 / 10))
+		done := make(chan struct{})
+		go func() { defer close(done); c.Fork(ctx, parent.ID, 2) }()
+		time.Sleep(at)
+		d.Kill9()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		if err := d.Restart(rctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		cancel()
+		<-done
+		if got, err := c.Get(ctx, parent.ID); err != nil || got.State != client.StateRunning {
+			t.Fatalf("round %d: the parent after a kill %v into a fork: %+v, %v", round, at.Round(time.Millisecond), got, err)
+		}
+		assertUsable(t, c, parent.ID)
+		kids := forksOf()
+		t.Logf("round %d: kill %v into a fork of 2: %d forks listed", round, at.Round(time.Millisecond), len(kids))
+		if len(kids) > 2 {
+			t.Fatalf("round %d: %d forks from a fork of 2", round, len(kids))
+		}
+		for _, k := range kids {
+			outcome["fork: "+k.State]++
+			switch k.State {
+			case "running":
+				assertUsable(t, c, k.ID)
+				if err := c.Destroy(ctx, k.ID); err != nil {
+					t.Fatalf("round %d: destroy %s: %v", round, k.ID, err)
+				}
+			case "stopped", "failed":
+			default:
+				t.Errorf("round %d: fork %s is %s after the restart: half-made", round, k.ID, k.State)
+				continue
+			}
+			assertCrashClean(t, dataDir, k)
+		}
+		if len(kids) == 0 {
+			outcome["fork: never made"]++
+		}
+		assertHostAsBefore(t, d, dataDir, before, free, fmt.Sprintf("round %d (kill %v into a fork)", round, at.Round(time.Millisecond)))
+	}
+	t.Logf("outcomes of %d kills during forks: %v", rounds, outcome)
+}
