@@ -13,7 +13,7 @@ CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool lint proto clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork lint proto clean
 
 all: build
 
@@ -91,6 +91,11 @@ bench-pause: deps image
 # gvisor, in one run, and rewrites only that section of BENCHMARKS.md.
 bench-pool: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-pool
+
+# bench-fork measures only qemu forks of 1 and of 10 against cold creates
+# of the same run, and rewrites only that section of BENCHMARKS.md.
+bench-fork: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-fork
 
 lint:
 	gofmt -l . | (! grep .)

@@ -40,16 +40,20 @@ func main() {
 	onlyPause := flag.Bool("only-pause", false, "measure only pause, resume and cold create of the backends that pause, and rewrite only that section of -out")
 	onlyPool := flag.Bool("only-pool", false, "measure only create-to-ready cold and from a warm pool on -backend, and rewrite only that section of -out")
 	nPool := flag.Int("n-pool", 20, "creates from the warm pool (and cold ones) measured")
+	onlyFork := flag.Bool("only-fork", false, "measure only qemu forks of 1 and of 10 against cold creates, and rewrite only that section of -out")
+	nFork := flag.Int("n-fork", 3, "forks of 1 (and cold creates) measured on qemu")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyFork:
+		err = runFork(*imageDir, *out, *nFork)
 	case *onlyPool:
 		err = runPool(*imageDir, *backend, *out, *nPool)
 	case *onlyPause:
 		err = runPause(*imageDir, *backend, *out, cfg)
 	default:
-		cfg.nPool = *nPool
+		cfg.nPool, cfg.nFork = *nPool, *nFork
 		err = run(*imageDir, *backend, *second, *out, *n, *nSub, cfg)
 	}
 	if err != nil {
@@ -94,6 +98,7 @@ type createConfig struct {
 	liveView time.Duration // per live-view measurement; 0 skips it
 	nPause   int           // pause/resume cycles per backend that pauses
 	nPool    int           // creates from the warm pool (and cold ones); 0 skips them
+	nFork    int           // qemu forks of 1 (and cold creates); 0 skips forks
 }
 
 // backendResult is one backend's create-to-ready samples and idle memory.
@@ -259,6 +264,12 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 		c.Destroy(ctx, id)
 		pr := measurePool(ctx, imageDir, backend, 4, cc.nPool)
 		if err := harness.ReplaceSection(out, "pool", poolReport(pr)); err != nil {
+			return err
+		}
+	}
+	if cc.nFork > 0 && slices.Contains(cc.backends, "qemu") {
+		fr := measureFork(ctx, imageDir, "qemu", cc.nFork, 10)
+		if err := harness.ReplaceSection(out, "fork", forkReport(fr)); err != nil {
 			return err
 		}
 	}
