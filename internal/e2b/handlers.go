@@ -255,10 +255,16 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	out := make([]forkResult, len(forks))
 	for i, f := range forks {
 		if seconds > 0 {
-			if f, err = s.extend(r, f.ID, seconds); err != nil {
+			ext, err := s.extend(r, f.ID, seconds)
+			if err != nil {
+				// Its caller would not learn its ID: it goes.
+				if derr := s.mgr.Destroy(r.Context(), f.ID); derr != nil {
+					s.log.Warn("e2b: destroy a fork whose timeout could not be set", "sandbox", f.ID, "err", derr)
+				}
 				out[i] = forkResult{Error: &forkError{Code: http.StatusInternalServerError, Message: err.Error()}}
 				continue
 			}
+			f = ext
 		}
 		b := s.sandboxBody(f, "")
 		out[i] = forkResult{Sandbox: &b}

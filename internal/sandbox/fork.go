@@ -147,7 +147,7 @@ func (m *Manager) Fork(ctx context.Context, id, owner string, count int) ([]Sand
 		if errors.Is(err, errdefs.ErrCapacity) {
 			return nil, errdefs.New(errdefs.ErrCapacity, "fork sandbox %s: %s", id, errdefs.UserMessage(err))
 		}
-		return nil, errdefs.New(errdefs.ErrUnavailable, "fork sandbox %s: %v; the sandbox runs on, and no fork was left", id, err)
+		return nil, errdefs.New(errdefs.ErrUnavailable, "fork sandbox %s: %v; no fork was left", id, err)
 	}
 	for _, k := range kids {
 		// Known to the store first: a daemon killed from here on finds

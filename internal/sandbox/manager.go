@@ -891,7 +891,10 @@ func (m *Manager) watch(e *entry) {
 				// box is torn down by Pause), or a box of before.
 				return
 			}
-			m.log.Warn("sandbox died", "sandbox", e.rec.Sandbox.ID)
+			m.mu.Lock()
+			id := e.rec.Sandbox.ID // e.rec is replaced when a pool box is claimed
+			m.mu.Unlock()
+			m.log.Warn("sandbox died", "sandbox", id)
 			m.teardown(e, "dead")
 		case <-e.stopped:
 		case <-m.ctx.Done():

@@ -95,6 +95,11 @@ func (a readyAgent) ApplySession(_ context.Context, req *connect.Request[desktop
 		a.d.applied = map[string]appliedSession{}
 	}
 	a.d.applied[a.id] = appliedSession{req: req.Msg, callToken: req.Header().Get("X-Cubicle-Token")}
+	if b := a.d.boxes[a.id]; a.d.dieOnApply && b != nil {
+		// The box dies as the session is applied: its answer still
+		// arrives, its Wait is closed.
+		b.once.Do(func() { close(b.dead) })
+	}
 	return connect.NewResponse(&desktoppb.ApplySessionResponse{}), nil
 }
 
@@ -125,12 +130,14 @@ type fakeDriver struct {
 	// stopFails is how many Stop calls fail (then succeed), as an
 	// unmount that is busy for a while would.
 	stopFails int
-	noVolumes bool               // the backend cannot attach volumes
-	failApply bool               // ApplySession is refused
-	failRekey bool               // Rekey is refused
-	rekeyed   map[string]rekeyed // by box ID
-	shutdowns atomic.Int32
-	applied   map[string]appliedSession // by box ID
+	noVolumes bool // the backend cannot attach volumes
+	failApply bool // ApplySession is refused
+	// dieOnApply makes a box die as its ApplySession answers.
+	dieOnApply bool
+	failRekey  bool               // Rekey is refused
+	rekeyed    map[string]rekeyed // by box ID
+	shutdowns  atomic.Int32
+	applied    map[string]appliedSession // by box ID
 
 	specs map[string]driver.Spec // what each Create was given, by ID
 

@@ -177,13 +177,35 @@ func (m *Manager) fillPools() {
 	}
 }
 
+// teardownPoolBox destroys a box taken out of its pool. One whose stop
+// failed becomes an entry like a sandbox's, a failed one, so that the
+// reaper tries again and its slot stays held until it is free.
+func (m *Manager) teardownPoolBox(e *entry, reason string) {
+	m.teardown(e, reason)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.keepStopFailedLocked(e)
+}
+
+// keepStopFailedLocked moves a pool box whose stop failed into entries.
+func (m *Manager) keepStopFailedLocked(e *entry) {
+	if !e.stopFailed {
+		return
+	}
+	e.rec.Pool = ""
+	m.entries[e.rec.Sandbox.ID] = e
+	m.updateGaugesLocked()
+}
+
 // prunePoolLocked drops the boxes of p that died or failed to boot.
 func (m *Manager) prunePoolLocked(p *pool) {
 	live := p.boxes[:0]
 	for _, e := range p.boxes {
-		if s := e.rec.Sandbox.State; s == StateStarting || s == StateRunning {
-			live = append(live, e)
+		if s := e.rec.Sandbox.State; s == StateStarting || s == StateRunning || s == StateStopping {
+			live = append(live, e) // a stopping box still holds its slot
+			continue
 		}
+		m.keepStopFailedLocked(e)
 	}
 	clear(p.boxes[len(live):])
 	p.boxes = live
@@ -275,13 +297,17 @@ func (m *Manager) claim(ctx context.Context, p *pool, rec *record, allow []netip
 			delete(m.claims, owner)
 		}
 	}
-	broken := func(err error) (Sandbox, bool, error) {
+	// broken gives up on the box: counted (done) unless counted is
+	// set, destroyed, and the create boots cold.
+	broken := func(err error, counted bool) (Sandbox, bool, error) {
 		m.log.Warn("warm pool: box would not take a session; destroyed, booting one cold", "pool", p.spec.String(), "sandbox", id, "err", err)
 		m.m.PoolClaims.WithLabelValues(p.spec.String(), "miss").Inc()
-		m.mu.Lock()
-		done()
-		m.mu.Unlock()
-		m.teardown(e, "pool_broken")
+		if !counted {
+			m.mu.Lock()
+			done()
+			m.mu.Unlock()
+		}
+		m.teardownPoolBox(e, "pool_broken")
 		return Sandbox{}, false, nil
 	}
 
@@ -292,21 +318,21 @@ func (m *Manager) claim(ctx context.Context, p *pool, rec *record, allow []netip
 	}))
 	cancel()
 	if err != nil {
-		return broken(fmt.Errorf("apply session: %w", err))
+		return broken(fmt.Errorf("apply session: %w", err), false)
 	}
 	if len(allow) > 0 {
 		if err := m.cfg.Network.SetEgress(ctx, id, allow); err != nil {
-			return broken(fmt.Errorf("egress policy: %w", err))
+			return broken(fmt.Errorf("egress policy: %w", err), false)
 		}
 	}
 
 	client := agentclient.New(box.DialAgent, token)
 	m.mu.Lock()
 	done()
-	if e.rec.Sandbox.State != StateRunning || isClosed(box.Wait()) {
+	if e.rec.Sandbox.State != StateRunning || isClosed(box.Wait()) || m.closing {
 		m.mu.Unlock()
 		client.Close()
-		return broken(errors.New("the box ended during the claim"))
+		return broken(errors.New("the box ended, or the daemon began to close, during the claim"), true)
 	}
 	now := m.cfg.Clock.Now()
 	old := e.rec
@@ -330,6 +356,9 @@ func (m *Manager) claim(ctx context.Context, p *pool, rec *record, allow []netip
 		// restart: the create fails and leaves nothing.
 		m.teardown(e, "")
 		m.forget(id)
+		if derr := m.store.delete(id); derr != nil {
+			m.log.Warn("delete the record of a claim that failed", "sandbox", id, "err", derr)
+		}
 		if errors.Is(err, syscall.ENOSPC) || diskFull(m.cfg.DataDir) {
 			return Sandbox{}, true, errFull
 		}
@@ -357,7 +386,7 @@ func (m *Manager) evictPoolBox() bool {
 	if victim == nil {
 		return false
 	}
-	m.teardown(victim, "pool_evicted")
+	m.teardownPoolBox(victim, "pool_evicted")
 	return true
 }
 
@@ -372,7 +401,7 @@ func (m *Manager) drainPools() {
 	}
 	m.mu.Unlock()
 	for _, e := range all {
-		m.teardown(e, "")
+		m.teardownPoolBox(e, "")
 	}
 }
 

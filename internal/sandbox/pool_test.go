@@ -355,3 +355,34 @@ func FuzzParsePoolSpec(f *testing.F) {
 		}
 	})
 }
+
+// TestPoolBoxDiesDuringClaim: a box that dies while its session is
+// applied is given up, the create boots cold, and the claim's count of
+// slots and of its key's sandboxes is back where it was.
+func TestPoolBoxDiesDuringClaim(t *testing.T) {
+	d := newFakeDriver(t)
+	m := newPoolManager(t, d, t.TempDir(), Config{MaxPerOwner: 1, Pools: []PoolSpec{{Template: "desktop", Width: 1024, Height: 768, Size: 1}}})
+	defer m.Close()
+	ctx := context.Background()
+	waitPoolReady(t, m, 1)
+	d.mu.Lock()
+	d.dieOnApply = true
+	d.mu.Unlock()
+	sb, err := m.Create(ctx, CreateRequest{Owner: "key-a"}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := d.appliedTo(sb.ID); ok {
+		t.Error("the sandbox is the box that died during its claim")
+	}
+	m.mu.Lock()
+	claiming, claims := m.claiming, len(m.claims)
+	m.mu.Unlock()
+	if claiming != 0 || claims != 0 {
+		t.Errorf("after the claim: %d claims counted in progress, %d keys with claims; want none", claiming, claims)
+	}
+	// key-a has its one sandbox, exactly.
+	if _, err := m.Create(ctx, CreateRequest{Owner: "key-a"}, true); !errors.Is(err, errdefs.ErrQuota) {
+		t.Errorf("a second sandbox of key-a: %v, want its quota refused", err)
+	}
+}

@@ -186,7 +186,9 @@ func (s *Supervisor) displayUp() <-chan struct{} {
 func (s *Supervisor) Stop(ctx context.Context) error {
 	var groups []int
 	s.stopOnce.Do(func() {
+		s.mu.Lock() // Add checks for the cancel under it
 		s.cancel()
+		s.mu.Unlock()
 		s.closeWindows(ctx)
 		groups = s.signal(syscall.SIGTERM, false, false)
 	})

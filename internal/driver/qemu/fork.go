@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -147,10 +148,27 @@ func (d *Driver) snapshotInto(ctx context.Context, b *box, stream string, copyDi
 		}
 		defer cq.Close()
 		if err != nil {
+			// QEMU refuses cont until a cancelled migration has ended.
 			_, _ = cq.run("migrate_cancel", nil)
+			for cctx.Err() == nil {
+				raw, qerr := cq.run("query-migrate", nil)
+				var mig struct {
+					Status string `json:"status"`
+				}
+				if qerr != nil || json.Unmarshal(raw, &mig) != nil {
+					break
+				}
+				if st := mig.Status; st == "" || st == "none" || st == "cancelled" || st == "failed" || st == "completed" {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		}
 		if _, cerr := cq.run("cont", nil); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("let the parent run again: %w", cerr))
+			// A parent that cannot run again is ended rather than left
+			// frozen for good: its watcher then reaps it as dead.
+			_ = syscall.Kill(b.data.Pid, syscall.SIGKILL)
+			err = errors.Join(err, fmt.Errorf("the parent could not run again and was ended: %w", cerr))
 		}
 	}()
 	if _, err := q.run("migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40}); err != nil {
