@@ -91,7 +91,18 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 	}
 	shows := func(id string, want color.RGBA, what string) {
 		t.Helper()
-		if !eventually(90*time.Second, func() bool { return near(pixel(t, c, id, 512, 600), want) }) {
+		there := func() bool { return near(pixel(t, c, id, 512, 600), want) }
+		ok := eventually(90*time.Second, there)
+		if ws, _ := c.Windows(bg, id); !ok && len(ws) > 0 && strings.HasPrefix(ws[0].Title, "Untitled") {
+			// Chromium under TCG at times loses its start navigation
+			// (README, "Known bug under TCG"): a reload, as a user would.
+			t.Logf("%s: a blank Untitled tab after 90 s; reloading once", what)
+			if _, err := c.Actions(bg, id, client.PressKey("F5")); err != nil {
+				t.Fatal(err)
+			}
+			ok = eventually(90*time.Second, there)
+		}
+		if !ok {
 			t.Fatalf("%s: the screen shows %v, want %v", what, pixel(t, c, id, 512, 600), want)
 		}
 	}

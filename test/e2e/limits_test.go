@@ -190,6 +190,17 @@ func testLimits(t *testing.T, backend string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// On a loaded host gVisor's bomb grows slowly (one CI run: 4,762
+	// tasks in 20 s, under its limit of 8,192): it gets up to 40 s more
+	// to reach the limit, and the figures are of the whole time.
+	for extra := 0; extra < 2 && !isVM(backend) && bomb.refused == 0 && bomb.limit > 0 && sb.State == "running"; extra++ {
+		more := watchBomb(t, backend, hostile.ID, 20*time.Second)
+		bomb.currentMax, bomb.hostMax = max(bomb.currentMax, more.currentMax), max(bomb.hostMax, more.hostMax)
+		bomb.refused = max(bomb.refused, more.refused) // pids.events "max" counts from the start
+		if sb, err = c.Get(ctx, hostile.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if isVM(backend) {
 		// The guest's processes are the guest kernel's: on the host the
 		// VM stays its VMM process.
