@@ -54,6 +54,9 @@ func ParsePoolSpec(s string) (PoolSpec, error) {
 	w, _ := strconv.Atoi(m[3])
 	h, _ := strconv.Atoi(m[4])
 	n, _ := strconv.Atoi(m[5])
+	if w == 0 || h == 0 { // ValidateCreate reads 0x0 as "the default"
+		return PoolSpec{}, errdefs.Invalid("pool %q: a screen of %dx%d", s, w, h)
+	}
 	p := PoolSpec{Backend: m[1], Template: m[2], Width: w, Height: h, Size: n}
 	if p.Backend == "auto" {
 		p.Backend = ""

@@ -322,6 +322,8 @@ func TestParsePoolSpec(t *testing.T) {
 		{in: "desktop:1024x768=0", err: true},
 		{in: "desktop:1024x768=1001", err: true},
 		{in: "desktop:10x768=1", err: true},
+		{in: "desktop:0x0=1", err: true},
+		{in: "desktop:00x00000=1", err: true},
 		{in: "xen/desktop:1024x768=1", err: true},
 		{in: "Desktop:1024x768=1", err: true},
 		{in: "desktop:1024*768=1", err: true},
