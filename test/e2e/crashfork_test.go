@@ -13,7 +13,6 @@ import (
 	"github.com/cubicle-dev/cubicle/client"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
-	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
 // TestCrashFork kills cubicled with -9 at random points of forks of a
@@ -46,33 +45,9 @@ func testCrashFork(t *testing.T, backend string) {
 		}
 		rounds = n
 	}
-	dataDir, err := os.MkdirTemp("", "cubicle-e2e-crashf-")
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, c := startDaemonArgs(t, backend, "--net", "--net-bridge", "cbcrashf", "--net-cidr", "10.89.40.0/24")
+	dataDir := filepath.Dir(d.Log)
 	ctx := context.Background()
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	d, err := harness.Start(sctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend,
-		Args: []string{"--net", "--net-bridge", "cbcrashf", "--net-cidr", "10.89.40.0/24"}})
-	cancel()
-	if err != nil {
-		os.RemoveAll(dataDir)
-		t.Fatal(err)
-	}
-	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
-	t.Cleanup(func() {
-		if sbs, err := c.List(ctx, client.ListOptions{}); err == nil {
-			for _, sb := range sbs {
-				c.Destroy(ctx, sb.ID)
-			}
-		}
-		d.Stop()
-		if t.Failed() {
-			log, _ := os.ReadFile(d.Log)
-			t.Logf("cubicled log (tail):\n%s", tail(string(log), 80))
-		}
-		os.RemoveAll(dataDir)
-	})
 	parent, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 800, Height: 600},
 		Metadata: map[string]string{"crash": "fork"}, Network: &client.Network{Allow: []string{"192.0.2.0/24"}}})
 	if err != nil {

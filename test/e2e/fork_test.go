@@ -2,13 +2,8 @@ package e2e
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"image/color"
-	"net"
-	"net/http"
-	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -42,17 +37,7 @@ func TestFork(t *testing.T) {
 	}
 	needs.Command(t, "nft")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	tmp := t.TempDir()
-	srv := netpooltest.Peer(t, tmp, "site", "tsite0", netip.MustParsePrefix("192.0.2.254/24"), netip.MustParsePrefix("192.0.2.1/24"))
-	var web net.Listener
-	if err := netpooltest.Do(srv, func() (err error) { web, err = net.Listen("tcp4", "0.0.0.0:8080"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer web.Close()
-	b := make([]byte, 16)
-	rand.Read(b)
-	site := &loginSite{session: hex.EncodeToString(b)}
-	go http.Serve(web, site)
+	site := serveLoginSite(t)
 
 	for i, backend := range selectedBackends("qemu", "gvisor") {
 		t.Run(backend, func(t *testing.T) {

@@ -68,6 +68,23 @@ func (s *loginSite) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// serveLoginSite serves a loginSite at http://192.0.2.1:8080 from a peer
+// namespace of the test's own network namespace, until the test ends.
+func serveLoginSite(t *testing.T) *loginSite {
+	t.Helper()
+	srv := netpooltest.Peer(t, t.TempDir(), "site", "tsite0", netip.MustParsePrefix("192.0.2.254/24"), netip.MustParsePrefix("192.0.2.1/24"))
+	var web net.Listener
+	if err := netpooltest.Do(srv, func() (err error) { web, err = net.Listen("tcp4", "0.0.0.0:8080"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { web.Close() })
+	b := make([]byte, 16)
+	rand.Read(b)
+	site := &loginSite{session: hex.EncodeToString(b)}
+	go http.Serve(web, site)
+	return site
+}
+
 // TestVolumeLogin is the flagship use of volumes: a sandbox logs in to a
 // site (served inside the test's own network namespace) and is
 // destroyed; a new sandbox with the same profile volume at /home/user
@@ -84,17 +101,7 @@ func TestVolumeLogin(t *testing.T) {
 	}
 	needs.Command(t, "nft", "mkfs.ext4")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	tmp := t.TempDir()
-	srv := netpooltest.Peer(t, tmp, "site", "tsite0", netip.MustParsePrefix("192.0.2.254/24"), netip.MustParsePrefix("192.0.2.1/24"))
-	var web net.Listener
-	if err := netpooltest.Do(srv, func() (err error) { web, err = net.Listen("tcp4", "0.0.0.0:8080"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer web.Close()
-	b := make([]byte, 16)
-	rand.Read(b)
-	site := &loginSite{session: hex.EncodeToString(b)}
-	go http.Serve(web, site)
+	site := serveLoginSite(t)
 
 	for i, backend := range selectedBackends("gvisor", "runc", "qemu") {
 		t.Run(backend, func(t *testing.T) {
