@@ -53,6 +53,15 @@ type box struct {
 	sessMu sync.Mutex
 	sess   *yamux.Session
 
+	// adopted is set for a VM that an earlier daemon ran: its guest may
+	// still hold that daemon's yamux session (a guest busy under TCG
+	// does not see the host go and come back), and would take our first
+	// frames for that session's and drop them. The first DialAgent ends
+	// it and waits for the agent to answer a fresh one; settleMu makes
+	// concurrent first calls wait for that.
+	settleMu sync.Mutex
+	adopted  bool
+
 	mu      sync.Mutex // serializes Stop
 	stopped bool
 }
@@ -120,6 +129,33 @@ func (b *box) resetSession(sess *yamux.Session) {
 // DialAgent opens a new yamux stream to the agent over the virtio-serial
 // channel.
 func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
+	if err := b.settle(ctx); err != nil {
+		return nil, err
+	}
+	return b.dial(ctx)
+}
+
+// settle makes the guest of an adopted VM drop the session of the daemon
+// before and waits until the agent answers on a new one. A request sent
+// before that could wait forever: TestFork saw an adopted VM's agent
+// leave its first request unanswered for 20 s.
+func (b *box) settle(ctx context.Context) error {
+	b.settleMu.Lock()
+	defer b.settleMu.Unlock()
+	if !b.adopted {
+		return nil
+	}
+	b.resetSession(b.currentSession())
+	kickGuestSession(ctx, b.data.Dir)
+	if err := b.waitAgentEvery(ctx, 2*time.Second); err != nil {
+		return fmt.Errorf("box %s: agent of an adopted VM: %w", b.data.ID, err)
+	}
+	b.adopted = false
+	return nil
+}
+
+// dial is DialAgent without settle.
+func (b *box) dial(ctx context.Context) (net.Conn, error) {
 	select {
 	case <-b.dead:
 		return nil, fmt.Errorf("box %s: not running", b.data.ID)
@@ -174,7 +210,7 @@ func (b *box) waitAgentEvery(ctx context.Context, probe time.Duration) error {
 func (b *box) probe(ctx context.Context, timeout time.Duration) error {
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := b.DialAgent(pctx)
+	c, err := b.dial(pctx)
 	if err != nil {
 		return err
 	}
@@ -290,7 +326,9 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 		// a VM left frozen shows as one that does not answer.
 		_ = thaw(ctx, data)
 	}
-	return newBox(d, data, nil), nil
+	b := newBox(d, data, nil)
+	b.adopted = true
+	return b, nil
 }
 
 // cmdlineHas reports whether pid's command line mentions s (the box
