@@ -144,6 +144,39 @@ type Forker interface {
 	Fork(ctx context.Context, parent Box, children []Spec) ([]Box, error)
 }
 
+// Snapshotter is implemented by backends that can save a running box as
+// a stored snapshot — memory, processes and disk — from which any number
+// of new boxes start later, long after the box itself is gone.
+type Snapshotter interface {
+	// CanSnapshot returns nil, or why boxes of this backend cannot be
+	// snapshotted on this host.
+	CanSnapshot(ctx context.Context) error
+	// Snapshot saves box b into dir, a new, empty directory that the
+	// caller owns (and removes with everything in it once the snapshot
+	// is deleted or the call failed), and returns what Restore takes. b
+	// runs on, paused for the time the copy takes; on error too.
+	Snapshot(ctx context.Context, b Box, dir string) (Snapshot, error)
+	// Restore starts a new box of spec from the snapshot s saved in dir
+	// and waits until its agent answers. The box has the saved box's
+	// shape whatever spec says (its memory image fits no other); its own
+	// ID and network come from spec. Its agent still has the saved box's
+	// identity (token, hostname, machine-id, random state, address): the
+	// caller re-keys it before it lets anyone reach it. On error nothing
+	// of the new box is left; the snapshot is never changed.
+	Restore(ctx context.Context, s State, dir string, spec Spec) (Box, error)
+}
+
+// Snapshot is a box saved by Snapshotter.Snapshot.
+type Snapshot struct {
+	State State // versioned, as Box.State; kept by the manager's store
+	Bytes int64 // what it takes on the host's disk
+}
+
+// ErrSnapshotStale is wrapped by a Restore refused because what the
+// snapshot was taken on is gone or changed (its image was rebuilt): no
+// box can ever start from it again.
+var ErrSnapshotStale = errors.New("the snapshot's image has changed since it was taken")
+
 // ErrNotPausableNow is wrapped by a Pause refused before anything was
 // done, for what the box holds at the moment (gVisor: an open TCP
 // connection): the box runs on, and a later pause may succeed.

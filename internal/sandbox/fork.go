@@ -185,9 +185,13 @@ func (m *Manager) Fork(ctx context.Context, id, owner string, count int) ([]Sand
 	made = len(boxes)
 	tCopy := time.Since(t0)
 	for i, k := range kids {
-		if err := m.rekey(fctx, boxes[i], parent, k, specs[i].Net); err != nil {
+		c, err := m.rekey(fctx, boxes[i], parent, k, specs[i].Net)
+		if err != nil {
 			return fail(fmt.Errorf("fork %s: %w", k.rec.Sandbox.ID, err))
 		}
+		m.mu.Lock()
+		k.client = c
+		m.mu.Unlock()
 	}
 	out := make([]Sandbox, count)
 	for i, k := range kids {
@@ -237,21 +241,24 @@ func (m *Manager) lifeOf(req CreateRequest) time.Duration {
 	return life
 }
 
-// rekey gives fork k, whose agent still holds parent's identity, its
-// own, through the parent's token, and connects to it with its own.
-func (m *Manager) rekey(ctx context.Context, box driver.Box, parent record, k *entry, n *driver.Net) error {
-	id := k.rec.Sandbox.ID
+// rekey gives copy k (a fork, or a sandbox from a snapshot), whose agent
+// still holds parent's identity, its own, through the parent's token, and
+// returns a client of its agent with its own.
+func (m *Manager) rekey(ctx context.Context, box driver.Box, parent record, k *entry, n *driver.Net) (*agentclient.Client, error) {
+	m.mu.Lock()
+	id, token := k.rec.Sandbox.ID, k.rec.Token
+	m.mu.Unlock()
 	machineID := make([]byte, 16)
 	entropy := make([]byte, 64)
 	rand.Read(machineID)
 	rand.Read(entropy)
 	req := &desktoppb.RekeyRequest{
-		Token: k.rec.Token, Hostname: guestHostname(id), MachineId: hex.EncodeToString(machineID), Entropy: entropy,
+		Token: token, Hostname: guestHostname(id), MachineId: hex.EncodeToString(machineID), Entropy: entropy,
 	}
 	if n != nil && parent.Sandbox.IP != "" {
 		old, err := netip.ParseAddr(parent.Sandbox.IP)
 		if err != nil {
-			return fmt.Errorf("parent address %q: %w", parent.Sandbox.IP, err)
+			return nil, fmt.Errorf("parent address %q: %w", parent.Sandbox.IP, err)
 		}
 		req.Mac, req.Addr, req.OldAddr = n.MAC, n.Addr.String(), netip.PrefixFrom(old, n.Addr.Bits()).String()
 		if n.Gateway.IsValid() {
@@ -264,17 +271,14 @@ func (m *Manager) rekey(ctx context.Context, box driver.Box, parent record, k *e
 	cancel()
 	pc.Close()
 	if err != nil {
-		return fmt.Errorf("re-key: %w", err)
+		return nil, fmt.Errorf("re-key: %w", err)
 	}
-	c := agentclient.New(box.DialAgent, k.rec.Token)
+	c := agentclient.New(box.DialAgent, token)
 	if _, err := waitReady(ctx, c, box); err != nil {
 		c.Close()
-		return err
+		return nil, err
 	}
-	m.mu.Lock()
-	k.client = c
-	m.mu.Unlock()
-	return nil
+	return c, nil
 }
 
 // guestHostname is the hostname of sandbox id's guest, as the VM

@@ -59,6 +59,9 @@ type Config struct {
 	// (default DefaultMaxVolumesPerOwner).
 	MaxVolumeMB        int
 	MaxVolumesPerOwner int
+	// MaxSnapshotsPerOwner is how many snapshots one API key may keep
+	// (default DefaultMaxSnapshotsPerOwner).
+	MaxSnapshotsPerOwner int
 	MaxLifetime        time.Duration // default 60 min; < 0 = unlimited
 	// PausedLifetime is how long a paused sandbox is kept before it is
 	// destroyed (default DefaultPausedLifetime; < 0 = unlimited).
@@ -95,6 +98,7 @@ type Manager struct {
 	entries  map[string]*entry
 	limiters map[string]*rate.Limiter // per owner, with OwnerCreateRate
 	volumes  map[string]*volume       // by volumeKey
+	snaps    map[string]*snap         // snapshots by ID
 	// gaugeKeys are the (state, backend) series of cubicle_sandboxes set
 	// last, so that updateGaugesLocked can delete the ones that go away.
 	gaugeKeys map[[2]string]int
@@ -169,6 +173,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.MaxVolumesPerOwner == 0 {
 		cfg.MaxVolumesPerOwner = DefaultMaxVolumesPerOwner
 	}
+	if cfg.MaxSnapshotsPerOwner == 0 {
+		cfg.MaxSnapshotsPerOwner = DefaultMaxSnapshotsPerOwner
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = wallClock{}
 	}
@@ -195,6 +202,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		entries:  make(map[string]*entry),
 		limiters: make(map[string]*rate.Limiter),
 		volumes:  make(map[string]*volume),
+		snaps:    make(map[string]*snap),
 		avail:    make(map[string]availability),
 		poolKick: make(chan struct{}, 1),
 		claims:   make(map[string]int),
@@ -213,6 +221,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.volumes[volumeKey(v.Owner, v.Name)] = v
 	}
 	m.sweepVolumeFiles()
+	if err := m.loadSnapshots(); err != nil {
+		cancel()
+		st.close()
+		return nil, err
+	}
 	if err := m.recover(ctx); err != nil {
 		cancel()
 		st.close()
@@ -580,6 +593,24 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if len(allow) > 0 && m.cfg.Network == nil {
 		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "network egress was requested but this daemon runs sandboxes without a network (start cubicled with --net)")
 	}
+	// from is the snapshot the sandbox starts from, held (release) until
+	// its start has ended, so that it is not deleted under the restore.
+	var (
+		from      *snap
+		release   = func() {}
+		handedOff bool
+	)
+	if req.FromSnapshot != "" {
+		req, from, release, err = m.fromSnapshot(ctx, req)
+		if err != nil {
+			return Sandbox{}, err
+		}
+	}
+	defer func() {
+		if !handedOff {
+			release()
+		}
+	}()
 	d, err := m.resolveBackend(ctx, req.Backend)
 	if err != nil {
 		return Sandbox{}, err
@@ -621,7 +652,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 			ID: newID(), State: StateStarting, Template: req.Template,
 			Backend: d.Name(), Isolation: d.Isolation(), Resolution: req.Resolution,
 			CreatedAt: now, LastActiveAt: now, Metadata: req.Metadata, Volumes: req.Volumes,
-			AutoPause: req.AutoPause,
+			AutoPause: req.AutoPause, FromSnapshot: req.FromSnapshot,
 		},
 		Request: req, Token: newToken(), IdleTimeout: idle,
 	}
@@ -631,7 +662,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if life >= 0 {
 		rec.Sandbox.ExpiresAt = now.Add(life)
 	}
-	if p := m.poolFor(req, d); p != nil {
+	if p := m.poolFor(req, d); p != nil && from == nil {
 		if sb, ok, err := m.claim(ctx, p, rec, allow); ok {
 			return sb, err
 		}
@@ -686,11 +717,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		Shape:   driver.Shape{Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Volumes: dvols},
 		Session: sessionOf(rec),
 	}
+	boot := bootCold(d)
+	if from != nil {
+		boot = m.restoreBoot(d.(driver.Snapshotter), from, e) // fromSnapshot checked
+	}
 	m.wg.Add(1)
+	handedOff = true
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
-		m.start(sctx, e, d, spec, allow)
+		defer release()
+		m.start(sctx, e, d, spec, allow, boot)
 	}()
 	if !wait {
 		return m.snapshot(e), nil
@@ -728,6 +765,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		if errors.Is(ferr, syscall.ENOSPC) || diskFull(m.cfg.DataDir) {
 			return Sandbox{}, errFull
 		}
+		if errors.Is(ferr, driver.ErrSnapshotStale) {
+			return Sandbox{}, errdefs.Conflict("snapshot %s cannot be restored any more: %s; delete it", req.FromSnapshot, sb.Error)
+		}
 		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "create sandbox: %s", sb.Error)
 	}
 	return sb, nil
@@ -744,10 +784,35 @@ func sessionOf(r *record) driver.Session {
 	}
 }
 
-// start attaches the network, runs the driver and waits for the desktop;
+// bootFunc starts the box of a spec and returns it with a client of its
+// agent once the agent (and desktop) are ready, and whether the box has a
+// desktop. On error it has stopped what it started.
+type bootFunc func(ctx context.Context, spec driver.Spec) (driver.Box, *agentclient.Client, bool, error)
+
+// bootCold is the boot of a create: the driver makes a new box.
+func bootCold(d driver.Driver) bootFunc {
+	return func(ctx context.Context, spec driver.Spec) (driver.Box, *agentclient.Client, bool, error) {
+		box, err := d.Create(ctx, spec)
+		if err != nil {
+			return nil, nil, false, fmt.Errorf("start %s box: %w", d.Name(), err)
+		}
+		client := agentclient.New(box.DialAgent, spec.Token)
+		hasDesktop, err := waitReady(ctx, client, box)
+		if err != nil {
+			client.Close()
+			if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
+				err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
+			}
+			return nil, nil, false, err
+		}
+		return box, client, hasDesktop, nil
+	}
+}
+
+// start attaches the network, boots the box and waits for the desktop;
 // it always closes e.started and leaves the entry running or
 // failed-and-cleaned.
-func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec driver.Spec, allow []netip.Prefix) {
+func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec driver.Spec, allow []netip.Prefix, boot bootFunc) {
 	defer close(e.started)
 	t0 := time.Now()
 	id := spec.ID
@@ -802,18 +867,8 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 			log.Warn("persist sandbox address", "err", err)
 		}
 	}
-	box, err := d.Create(ctx, spec)
+	box, client, hasDesktop, err := boot(ctx, spec)
 	if err != nil {
-		fail(fmt.Errorf("start %s box: %w", d.Name(), err))
-		return
-	}
-	client := agentclient.New(box.DialAgent, spec.Token)
-	hasDesktop, err := waitReady(ctx, client, box)
-	if err != nil {
-		client.Close()
-		if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
-			err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
-		}
 		fail(err)
 		return
 	}
@@ -1156,6 +1211,7 @@ func (m *Manager) Backends(ctx context.Context) []BackendInfo {
 			bi.Capabilities.Volumes = va.AttachesVolumes()
 		}
 		bi.Capabilities.Pause, bi.Capabilities.PauseReason = m.PauseInfo(ctx, n)
+		bi.Capabilities.Snapshot, bi.Capabilities.SnapshotReason = m.SnapshotInfo(ctx, n)
 		if err := m.available(ctx, d); err != nil {
 			bi.Available, bi.Reason = false, err.Error()
 		} else if err := probe(ctx, d); err != nil {

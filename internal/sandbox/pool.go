@@ -164,7 +164,7 @@ func (m *Manager) fillPools() {
 		go func() {
 			defer m.wg.Done()
 			defer cancel()
-			m.start(sctx, e, d, spec, nil)
+			m.start(sctx, e, d, spec, nil, bootCold(d))
 			m.mu.Lock()
 			p.booting = false
 			if e.rec.Sandbox.State == StateRunning {

@@ -87,6 +87,41 @@ type storedRequest struct {
 	Owner              string            `json:"owner,omitempty"`
 	Volumes            []storedMount     `json:"volumes,omitempty"`
 	AutoPause          bool              `json:"auto_pause,omitempty"`
+	// FromSnapshot is empty in records from before snapshots: such
+	// sandboxes were all created cold.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
+}
+
+// storeRequest gives the stored form of q.
+func storeRequest(q CreateRequest) storedRequest {
+	s := storedRequest{
+		Template: q.Template, Backend: q.Backend, Width: q.Resolution.Width, Height: q.Resolution.Height,
+		DPI: q.DPI, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
+		TimeoutSeconds: q.TimeoutSeconds, IdleTimeoutSeconds: q.IdleTimeoutSeconds,
+		StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
+		Egress: q.Network.Egress, Allow: q.Network.Allow, Owner: q.Owner, AutoPause: q.AutoPause,
+		FromSnapshot: q.FromSnapshot,
+	}
+	for _, v := range q.Volumes {
+		s.Volumes = append(s.Volumes, storedMount(v))
+	}
+	return s
+}
+
+// request reads a stored request back.
+func (q storedRequest) request() CreateRequest {
+	r := CreateRequest{
+		Template: q.Template, Backend: q.Backend, Resolution: Resolution{Width: q.Width, Height: q.Height},
+		DPI: q.DPI, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
+		TimeoutSeconds: q.TimeoutSeconds, IdleTimeoutSeconds: q.IdleTimeoutSeconds,
+		StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
+		Network: Network{Egress: q.Egress, Allow: q.Allow}, Owner: q.Owner, AutoPause: q.AutoPause,
+		FromSnapshot: q.FromSnapshot,
+	}
+	for _, v := range q.Volumes {
+		r.Volumes = append(r.Volumes, VolumeMount(v))
+	}
+	return r
 }
 
 // storedMount is a VolumeMount in the store.
@@ -106,16 +141,7 @@ func encodeRecord(r *record) ([]byte, error) {
 		Metadata: sb.Metadata, IP: sb.IP, Desktop: sb.Desktop, Error: sb.Error,
 		Token: r.Token, IdleTimeoutMS: r.IdleTimeout.Milliseconds(), StoppedAt: r.StoppedAt,
 		PausedAt: sb.PausedAt, PausedBytes: sb.PausedBytes, LifeMS: r.Life.Milliseconds(),
-		Request: storedRequest{
-			Template: q.Template, Backend: q.Backend, Width: q.Resolution.Width, Height: q.Resolution.Height,
-			DPI: q.DPI, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
-			TimeoutSeconds: q.TimeoutSeconds, IdleTimeoutSeconds: q.IdleTimeoutSeconds,
-			StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
-			Egress: q.Network.Egress, Allow: q.Network.Allow, Owner: q.Owner, AutoPause: q.AutoPause,
-		},
-	}
-	for _, v := range q.Volumes {
-		s.Request.Volumes = append(s.Request.Volumes, storedMount(v))
+		Request: storeRequest(q),
 	}
 	if d := r.DriverState; d != nil {
 		s.Driver = &storedDriver{Version: d.Version, Name: d.Driver, Data: d.Data}
@@ -149,7 +175,6 @@ func decodeV2(b []byte) (*record, error) {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return nil, err
 	}
-	q := s.Request
 	r := &record{
 		Sandbox: Sandbox{
 			ID: s.ID, State: State(s.State), Template: s.Template, Backend: s.Backend, Isolation: s.Isolation,
@@ -158,24 +183,16 @@ func decodeV2(b []byte) (*record, error) {
 			Metadata: s.Metadata, IP: s.IP, Desktop: s.Desktop, Error: s.Error,
 			PausedAt: s.PausedAt, PausedBytes: s.PausedBytes,
 		},
-		Request: CreateRequest{
-			Template: q.Template, Backend: q.Backend, Resolution: Resolution{Width: q.Width, Height: q.Height},
-			DPI: q.DPI, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
-			TimeoutSeconds: q.TimeoutSeconds, IdleTimeoutSeconds: q.IdleTimeoutSeconds,
-			StartURL: q.StartURL, Env: q.Env, Metadata: q.Metadata,
-			Network: Network{Egress: q.Egress, Allow: q.Allow}, Owner: q.Owner, AutoPause: q.AutoPause,
-		},
+		Request: s.Request.request(),
 		Token: s.Token, IdleTimeout: time.Duration(s.IdleTimeoutMS) * time.Millisecond, StoppedAt: s.StoppedAt,
 		Life: time.Duration(s.LifeMS) * time.Millisecond,
 	}
 	if r.Sandbox.Metadata == nil {
 		r.Sandbox.Metadata = map[string]string{}
 	}
-	for _, v := range q.Volumes {
-		r.Request.Volumes = append(r.Request.Volumes, VolumeMount(v))
-	}
 	r.Sandbox.Volumes = r.Request.Volumes
-	r.Sandbox.AutoPause = q.AutoPause
+	r.Sandbox.AutoPause = r.Request.AutoPause
+	r.Sandbox.FromSnapshot = r.Request.FromSnapshot
 	if d := s.Driver; d != nil {
 		r.DriverState = &driver.State{Version: d.Version, Driver: d.Name, Data: d.Data}
 	}

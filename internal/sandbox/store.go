@@ -7,6 +7,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
 )
 
 // The store is bbolt: a single-file, embedded, transactional key/value store
@@ -16,6 +18,7 @@ import (
 var (
 	bucketSandboxes = []byte("sandboxes")
 	bucketVolumes   = []byte("volumes")
+	bucketSnapshots = []byte("snapshots")
 )
 
 // store persists records in a bbolt file under the data dir.
@@ -30,7 +33,7 @@ func openStore(dataDir string) (*store, error) {
 		return nil, fmt.Errorf("open store %s: %w (is another cubicled running?)", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketVolumes} {
+		for _, b := range [][]byte{bucketSandboxes, bucketVolumes, bucketSnapshots} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -120,4 +123,88 @@ func (s *store) allVolumes() ([]*volume, error) {
 		})
 	})
 	return out, err
+}
+
+// storedSnapshot is a snapshot as the store keeps it. Its JSON names are
+// the store's own, as storedRecord's are.
+type storedSnapshot struct {
+	Version   int               `json:"v"`
+	ID        string            `json:"id"`
+	Name      string            `json:"name,omitempty"`
+	Owner     string            `json:"owner"`
+	SandboxID string            `json:"sandbox"`
+	Template  string            `json:"template"`
+	Backend   string            `json:"backend"`
+	Isolation string            `json:"isolation"`
+	Width     int               `json:"width"`
+	Height    int               `json:"height"`
+	Bytes     int64             `json:"bytes"`
+	CreatedAt time.Time         `json:"created"`
+	Metadata  map[string]string `json:"metadata,omitempty"`
+	Token     string            `json:"token"`
+	IP        string            `json:"ip,omitempty"`
+	Desktop   *bool             `json:"desktop,omitempty"`
+	Request   storedRequest     `json:"request"`
+	Driver    storedDriver      `json:"driver"`
+}
+
+const snapshotVersion = 1
+
+func (s *store) putSnapshot(sn *snap) error {
+	b, err := json.Marshal(storedSnapshot{
+		Version: snapshotVersion, ID: sn.ID, Name: sn.Name, Owner: sn.Owner, SandboxID: sn.SandboxID,
+		Template: sn.Template, Backend: sn.Backend, Isolation: sn.Isolation,
+		Width: sn.Resolution.Width, Height: sn.Resolution.Height, Bytes: sn.SizeBytes, CreatedAt: sn.CreatedAt,
+		Metadata: sn.Metadata, Token: sn.Token, IP: sn.IP, Desktop: sn.Desktop, Request: storeRequest(sn.Request),
+		Driver: storedDriver{Version: sn.Driver.Version, Name: sn.Driver.Driver, Data: sn.Driver.Data},
+	})
+	if err != nil {
+		return fmt.Errorf("encode snapshot %s: %w", sn.ID, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).Put([]byte(sn.ID), b)
+	})
+}
+
+func (s *store) deleteSnapshot(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).Delete([]byte(id))
+	})
+}
+
+func (s *store) allSnapshots() ([]*snap, error) {
+	var out []*snap
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSnapshots).ForEach(func(k, b []byte) error {
+			sn, err := decodeSnapshot(b)
+			if err != nil {
+				return fmt.Errorf("snapshot %q: %w", k, err)
+			}
+			out = append(out, sn)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// decodeSnapshot reads a stored snapshot; one of a newer version is an
+// error, as for sandbox records.
+func decodeSnapshot(b []byte) (*snap, error) {
+	var ss storedSnapshot
+	if err := json.Unmarshal(b, &ss); err != nil {
+		return nil, err
+	}
+	if ss.Version != snapshotVersion {
+		return nil, fmt.Errorf("record version %d: this cubicled reads version %d (was the data directory used by a newer cubicled?)", ss.Version, snapshotVersion)
+	}
+	q := ss.Request.request()
+	return &snap{
+		Snapshot: Snapshot{
+			ID: ss.ID, Name: ss.Name, SandboxID: ss.SandboxID, Template: ss.Template, Backend: ss.Backend,
+			Resolution: Resolution{Width: ss.Width, Height: ss.Height}, VCPUs: q.VCPUs, MemoryMB: q.MemoryMB,
+			SizeBytes: ss.Bytes, CreatedAt: ss.CreatedAt, Metadata: ss.Metadata,
+		},
+		Owner: ss.Owner, Token: ss.Token, IP: ss.IP, Desktop: ss.Desktop, Isolation: ss.Isolation, Request: q,
+		Driver: driver.State{Version: ss.Driver.Version, Driver: ss.Driver.Name, Data: ss.Driver.Data},
+	}, nil
 }

@@ -56,6 +56,10 @@ type CreateRequest struct {
 	// AutoPause makes the sandbox's lifetime and idle timers pause it
 	// instead of destroying it, where its backend can pause.
 	AutoPause bool `json:"auto_pause,omitempty"`
+	// FromSnapshot starts the sandbox from a stored snapshot of Owner
+	// (its ID or name) instead of booting it: it has the snapshot's
+	// shape, programs and files, and an identity of its own.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 	// Owner is who asks: KeyOwner of the API key, "" without keys. The
 	// per-owner quotas (Config.MaxPerOwner, OwnerCreateRate) apply to it.
 	// Set by the API layers, never from a request body.
@@ -99,6 +103,8 @@ type Sandbox struct {
 	PausedBytes int64     `json:"paused_bytes,omitempty"`
 	// AutoPause is the create's auto_pause: its timers pause it.
 	AutoPause bool `json:"auto_pause,omitempty"`
+	// FromSnapshot is the snapshot the sandbox was started from, if any.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // Filter selects sandboxes in List; zero fields match everything.
@@ -124,6 +130,9 @@ type BackendCapabilities struct {
 	Pause   bool `json:"pause"`
 	// PauseReason says why sandboxes cannot pause, when they cannot.
 	PauseReason string `json:"pause_reason,omitempty"`
+	// Snapshot is whether sandboxes can be snapshotted; SnapshotReason says why not, when they cannot.
+	Snapshot       bool   `json:"snapshot"`
+	SnapshotReason string `json:"snapshot_reason,omitempty"`
 }
 
 // Capacity is the daemon's sandbox capacity.

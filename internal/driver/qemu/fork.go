@@ -201,7 +201,11 @@ func (d *Driver) startCopy(ctx context.Context, parent boxData, c driver.Spec, c
 	// which the parent's QEMU is found (vmsOf) and killed.
 	in := filepath.Join(cd, memoryFork)
 	if err := os.Link(stream, in); err != nil {
-		return nil, err
+		// A snapshot's stream on another filesystem than the state
+		// directory: QEMU's cat reads through a symbolic link as well.
+		if serr := os.Symlink(stream, in); serr != nil {
+			return nil, errors.Join(err, serr)
+		}
 	}
 	pid, exited, err := startQEMU(cd, append(argv, "-S", "-incoming", "exec:cat '"+in+"'"))
 	if err != nil {
