@@ -62,7 +62,7 @@ type Config struct {
 	// MaxSnapshotsPerOwner is how many snapshots one API key may keep
 	// (default DefaultMaxSnapshotsPerOwner).
 	MaxSnapshotsPerOwner int
-	MaxLifetime        time.Duration // default 60 min; < 0 = unlimited
+	MaxLifetime          time.Duration // default 60 min; < 0 = unlimited
 	// PausedLifetime is how long a paused sandbox is kept before it is
 	// destroyed (default DefaultPausedLifetime; < 0 = unlimited).
 	PausedLifetime time.Duration

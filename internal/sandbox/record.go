@@ -184,7 +184,7 @@ func decodeV2(b []byte) (*record, error) {
 			PausedAt: s.PausedAt, PausedBytes: s.PausedBytes,
 		},
 		Request: s.Request.request(),
-		Token: s.Token, IdleTimeout: time.Duration(s.IdleTimeoutMS) * time.Millisecond, StoppedAt: s.StoppedAt,
+		Token:   s.Token, IdleTimeout: time.Duration(s.IdleTimeoutMS) * time.Millisecond, StoppedAt: s.StoppedAt,
 		Life: time.Duration(s.LifeMS) * time.Millisecond,
 	}
 	if r.Sandbox.Metadata == nil {
