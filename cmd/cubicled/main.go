@@ -78,6 +78,7 @@ func run() error {
 		maxSandboxes   = fs.Int("max-sandboxes", 16, "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
 		keyMax         = fs.Int("key-max-sandboxes", 0, "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
 		keyVolumes     = fs.Int("key-max-volumes", sandbox.DefaultMaxVolumesPerOwner, "volumes one API key may have (CUBICLE_KEY_MAX_VOLUMES)")
+		keySnapshots   = fs.Int("key-max-snapshots", sandbox.DefaultMaxSnapshotsPerOwner, "snapshots one API key may keep (CUBICLE_KEY_MAX_SNAPSHOTS)")
 		maxVolumeMB    = fs.Int("max-volume-mb", sandbox.DefaultMaxVolumeMB, "largest volume, in MiB; a volume's file is sparse and takes host disk only as sandboxes write (CUBICLE_MAX_VOLUME_MB)")
 		keyRate        = fs.Float64("key-create-rate", 0, "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
 		maxInFlight    = fs.Int("sandbox-max-requests", api.DefaultMaxInFlight, "requests to one sandbox in progress at once (screenshots, actions, commands, file transfers, live views, E2B data plane); 429 beyond; 0 = no bound (CUBICLE_SANDBOX_MAX_REQUESTS)")
@@ -125,6 +126,9 @@ func run() error {
 	}
 	if *keyVolumes < 1 {
 		return fmt.Errorf("%s: want at least 1", conf.origin("key-max-volumes"))
+	}
+	if *keySnapshots < 1 {
+		return fmt.Errorf("%s: want at least 1", conf.origin("key-max-snapshots"))
 	}
 	if *maxVolumeMB < sandbox.MinVolumeMB {
 		return fmt.Errorf("%s: want at least %d MiB", conf.origin("max-volume-mb"), sandbox.MinVolumeMB)
@@ -183,10 +187,11 @@ func run() error {
 			}
 			return img.RootFS, nil
 		},
-		MaxSandboxes:       *maxSandboxes,
-		MaxPerOwner:        *keyMax,
-		MaxVolumesPerOwner: *keyVolumes,
-		MaxVolumeMB:        *maxVolumeMB,
+		MaxSandboxes:         *maxSandboxes,
+		MaxPerOwner:          *keyMax,
+		MaxVolumesPerOwner:   *keyVolumes,
+		MaxSnapshotsPerOwner: *keySnapshots,
+		MaxVolumeMB:          *maxVolumeMB,
 		// Per key: the rate, with bursts of twice it (at least one create).
 		OwnerCreateRate:  rate.Limit(*keyRate),
 		OwnerCreateBurst: max(1, int(2**keyRate)),

@@ -66,6 +66,15 @@ type Manager interface {
 	ListVolumes(ctx context.Context, owner string) []sandbox.Volume
 	GetVolume(ctx context.Context, owner, name string) (sandbox.Volume, error)
 	DeleteVolume(ctx context.Context, owner, name string) error
+
+	// CreateSnapshot saves a running sandbox as a snapshot of owner;
+	// ListSnapshots (all of owner's, or those of one sandbox),
+	// GetSnapshot and DeleteSnapshot (by ID or name) manage them.
+	// Another key's snapshots are not found.
+	CreateSnapshot(ctx context.Context, id, owner, name string, metadata map[string]string) (sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, owner, sandboxID string) []sandbox.Snapshot
+	GetSnapshot(ctx context.Context, owner, ref string) (sandbox.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, owner, ref string) error
 }
 
 // Defaults of Config.
@@ -237,6 +246,11 @@ func (s *server) routes() []route {
 		{pattern: "GET /v1/volumes", handler: s.listVolumes},
 		{pattern: "GET /v1/volumes/{name}", handler: s.getVolume},
 		{pattern: "DELETE /v1/volumes/{name}", handler: s.deleteVolume},
+
+		{pattern: "POST /v1/sandboxes/{id}/snapshots", handler: s.createSnapshot},
+		{pattern: "GET /v1/snapshots", handler: s.listSnapshots},
+		{pattern: "GET /v1/snapshots/{snapshot}", handler: s.getSnapshot},
+		{pattern: "DELETE /v1/snapshots/{snapshot}", handler: s.deleteSnapshot},
 
 		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot, agent: true},
 		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions, agent: true},

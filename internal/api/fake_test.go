@@ -54,6 +54,11 @@ type fakeManager struct {
 	touched    int                       // Touch calls
 	agentCalls int                       // Agent calls (each one is activity)
 	volumes    map[string]sandbox.Volume // by owner + "/" + name
+	snapshots  map[string]snapOf         // by ID
+	lastSnap   struct {
+		id, owner, name string
+		metadata        map[string]string
+	}
 	lastVolume struct {
 		owner, name string
 		sizeMB      int
@@ -292,6 +297,82 @@ func (m *fakeManager) DeleteVolume(_ context.Context, owner, name string) error 
 		return errdefs.Conflict("volume %s is attached to sandbox %s", name, v.AttachedTo)
 	}
 	delete(m.volumes, owner+"/"+name)
+	return nil
+}
+
+// snapOf is a fake snapshot and the key it belongs to.
+type snapOf struct {
+	sandbox.Snapshot
+	owner string
+}
+
+// The fake's snapshots keep only what the API layer shows, as its
+// volumes do.
+func (m *fakeManager) CreateSnapshot(_ context.Context, id, owner, name string, md map[string]string) (sandbox.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.lastSnap.id, m.lastSnap.owner, m.lastSnap.name, m.lastSnap.metadata = id, owner, name, md
+	if m.err != nil {
+		return sandbox.Snapshot{}, m.err
+	}
+	sb, ok := m.sandboxes[id]
+	switch {
+	case !ok:
+		return sandbox.Snapshot{}, errdefs.NotFound("sandbox %s not found", id)
+	case sb.State != sandbox.StateRunning:
+		return sandbox.Snapshot{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	if m.snapshots == nil {
+		m.snapshots = map[string]snapOf{}
+	}
+	s := sandbox.Snapshot{ID: fmt.Sprintf("snap%d", len(m.snapshots)), Name: name, SandboxID: id, Template: sb.Template,
+		Backend: sb.Backend, Resolution: sb.Resolution, SizeBytes: 1 << 20, CreatedAt: sb.CreatedAt, Metadata: md}
+	if s.Metadata == nil {
+		s.Metadata = map[string]string{}
+	}
+	m.snapshots[s.ID] = snapOf{s, owner}
+	return s, nil
+}
+
+func (m *fakeManager) ListSnapshots(_ context.Context, owner, sandboxID string) []sandbox.Snapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []sandbox.Snapshot
+	for _, s := range m.snapshots {
+		if s.owner == owner && (sandboxID == "" || s.SandboxID == sandboxID) {
+			out = append(out, s.Snapshot)
+		}
+	}
+	return out
+}
+
+func (m *fakeManager) findSnap(owner, ref string) (snapOf, bool) {
+	for _, s := range m.snapshots {
+		if s.owner == owner && (s.ID == ref || s.Name == ref) {
+			return s, true
+		}
+	}
+	return snapOf{}, false
+}
+
+func (m *fakeManager) GetSnapshot(_ context.Context, owner, ref string) (sandbox.Snapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.findSnap(owner, ref)
+	if !ok {
+		return sandbox.Snapshot{}, errdefs.NotFound("snapshot %s not found", ref)
+	}
+	return s.Snapshot, nil
+}
+
+func (m *fakeManager) DeleteSnapshot(_ context.Context, owner, ref string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s, ok := m.findSnap(owner, ref)
+	if !ok {
+		return errdefs.NotFound("snapshot %s not found", ref)
+	}
+	delete(m.snapshots, s.ID)
 	return nil
 }
 

@@ -14,6 +14,9 @@ import (
 
 var (
 	sandboxID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+	// sandboxIDPattern is what the daemon's own ids look like, for
+	// query parameters that name one.
+	sandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,128}$`)
 	states    = map[sandbox.State]bool{
 		sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
 		sandbox.StateStopped: true, sandbox.StateFailed: true,
@@ -37,6 +40,7 @@ type createRequest struct {
 	Network            *networkSpec        `json:"network"`
 	Volumes            []volumeMount       `json:"volumes"`
 	AutoPause          bool                `json:"auto_pause"`
+	FromSnapshot       string              `json:"from_snapshot"`
 }
 
 // volumeMount is the wire form of one entry of "volumes".
@@ -110,6 +114,7 @@ func parseCreateRequest(body []byte) (sandbox.CreateRequest, error) {
 		Env:                in.Env,
 		Metadata:           in.Metadata,
 		AutoPause:          in.AutoPause,
+		FromSnapshot:       in.FromSnapshot,
 	}
 	if res := in.Resolution; res != nil {
 		out.Resolution = *res

@@ -118,6 +118,11 @@ func ValidateCreate(req CreateRequest) (CreateRequest, error) {
 	if err := checkMetadata(req.Metadata); err != nil {
 		return req, err
 	}
+	if req.FromSnapshot != "" {
+		if err := CheckSnapshotName("from_snapshot", req.FromSnapshot); err != nil {
+			return req, err
+		}
+	}
 	n, err := checkNetwork(req.Network)
 	if err != nil {
 		return req, err
