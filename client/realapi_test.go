@@ -547,6 +547,44 @@ func TestSDKAgainstRealAPI(t *testing.T) {
 		}
 	})
 
+	// Snapshots that the stack's backend cannot take: refused as such,
+	// with nothing made. (qemu's real ones: test/e2e TestSnapshot.)
+	t.Run("Snapshots", func(t *testing.T) {
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range info.Backends {
+			if b.Name == "fake" && (b.Capabilities.Snapshot || b.Capabilities.SnapshotReason == "") {
+				t.Errorf("Info: fake backend capabilities %+v, want no snapshots and why", b.Capabilities)
+			}
+		}
+		if _, err := c.CreateSnapshot(ctx, second.ID, client.SnapshotOptions{Name: "sdk-snap"}); !client.IsNotSupported(err) {
+			t.Errorf("CreateSnapshot on a backend without snapshots: %v, want not_supported", err)
+		}
+		if _, err := c.CreateSnapshot(ctx, second.ID, client.SnapshotOptions{Name: "Bad Name"}); !client.IsInvalidArgument(err) {
+			t.Errorf("CreateSnapshot with a bad name: %v, want invalid_argument", err)
+		}
+		if _, err := c.CreateSnapshot(ctx, "nope", client.SnapshotOptions{}); !client.IsNotFound(err) {
+			t.Errorf("CreateSnapshot of an unknown sandbox: %v, want not_found", err)
+		}
+		if list, err := c.ListSnapshots(ctx, ""); err != nil || len(list) != 0 {
+			t.Errorf("ListSnapshots = %+v, %v; want none", list, err)
+		}
+		if list, err := c.ListSnapshots(ctx, second.ID); err != nil || len(list) != 0 {
+			t.Errorf("ListSnapshots of a sandbox = %+v, %v; want none", list, err)
+		}
+		if _, err := c.GetSnapshot(ctx, "sdk-snap"); !client.IsNotFound(err) {
+			t.Errorf("GetSnapshot of none: %v, want not_found", err)
+		}
+		if err := c.DeleteSnapshot(ctx, "sdk-snap"); !client.IsNotFound(err) {
+			t.Errorf("DeleteSnapshot of none: %v, want not_found", err)
+		}
+		if _, err := c.Create(ctx, client.CreateRequest{FromSnapshot: "sdk-snap"}); !client.IsNotFound(err) {
+			t.Errorf("Create from no snapshot: %v, want not_found", err)
+		}
+	})
+
 	t.Run("Destroy", func(t *testing.T) {
 		box := st.drv.box(second.ID)
 		if box == nil {

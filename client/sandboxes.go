@@ -122,6 +122,13 @@ type CreateRequest struct {
 	// instead of destroying it (on a backend that can pause; see
 	// Capabilities).
 	AutoPause bool `json:"auto_pause,omitempty"`
+	// FromSnapshot starts the sandbox from one of this key's snapshots
+	// (its ID or name; see CreateSnapshot) instead of booting it: it has
+	// the snapshot's memory, programs and files, and an identity of its
+	// own. Leave the shape (template, backend, resolution, DPI, vCPUs,
+	// memory) out, or give the snapshot's; StartURL, Env and Volumes
+	// cannot be set.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // VolumeMount attaches the volume Name at Path (absolute) in a sandbox.
@@ -160,6 +167,8 @@ type Sandbox struct {
 	PausedBytes int64     `json:"paused_bytes,omitempty"`
 	// AutoPause is set when its timers pause it instead of destroying it.
 	AutoPause bool `json:"auto_pause,omitempty"`
+	// FromSnapshot is the snapshot it was started from, if any.
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // UnmarshalJSON decodes a Sandbox, taking an empty time string for the zero

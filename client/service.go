@@ -27,6 +27,10 @@ type Capabilities struct {
 	// PauseReason says why not otherwise.
 	Pause       bool   `json:"pause"`
 	PauseReason string `json:"pause_reason,omitempty"`
+	// Snapshot is set when its sandboxes can be snapshotted and started
+	// from snapshots here; SnapshotReason says why not otherwise.
+	Snapshot       bool   `json:"snapshot"`
+	SnapshotReason string `json:"snapshot_reason,omitempty"`
 }
 
 // Capacity is how many sandboxes the daemon runs and may run.

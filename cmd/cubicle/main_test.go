@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -80,6 +81,13 @@ func newDaemon(t *testing.T) *daemon {
 	mux.HandleFunc("GET /v1/volumes/profile", jsonAnswer(200, volJSON))
 	mux.HandleFunc("DELETE /v1/volumes/profile", jsonAnswer(409, `{"error":{"code":"conflict","message":"volume profile is attached to sandbox abc123"}}`))
 	mux.HandleFunc("DELETE /v1/volumes/old", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
+	snapJSON := `{"id":"snap1","name":"logged-in","sandbox_id":"abc123","template":"desktop","backend":"qemu","resolution":{"width":1024,"height":768},"size_bytes":734003200,"created_at":"2030-01-01T10:00:00Z","metadata":{}}`
+	mux.HandleFunc("POST /v1/sandboxes/abc123/snapshots", jsonAnswer(201, snapJSON))
+	mux.HandleFunc("GET /v1/snapshots", jsonAnswer(200, `{"snapshots":[`+snapJSON+`]}`))
+	mux.HandleFunc("GET /v1/snapshots/logged-in", jsonAnswer(200, snapJSON))
+	mux.HandleFunc("DELETE /v1/snapshots/logged-in", jsonAnswer(409, `{"error":{"code":"conflict","message":"snapshot snap1 is in use: 1 sandboxes are starting from it"}}`))
+	mux.HandleFunc("DELETE /v1/snapshots/old", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) })
+	mux.HandleFunc("POST /v1/sandboxes/abc123/fork", jsonAnswer(201, `{"sandboxes":[{"id":"fork1","state":"running"},{"id":"fork2","state":"running"}]}`))
 	mux.HandleFunc("GET /v1/info", jsonAnswer(200, `{"version":"v1.2.3","default_backend":"gvisor","backends":[{"name":"gvisor","available":true,"isolation":"gvisor"}],"capacity":{"max_sandboxes":8,"running":1}}`))
 	d.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -474,4 +482,42 @@ func TestVolumeCommands(t *testing.T) {
 			t.Errorf("--volume %s: %+v", bad, r)
 		}
 	}
+}
+
+func TestSnapshotCommands(t *testing.T) {
+	d := newDaemon(t)
+	r, _ := runCLI(t, d, nil, "", "snapshot", "create", "abc123", "--name", "logged-in", "--metadata", "step=2")
+	if r.code != 0 || r.stdout != "snap1\n" {
+		t.Fatalf("create: %+v", r)
+	}
+	if req := d.last(t); req.Method != "POST" || req.Path != "/v1/sandboxes/abc123/snapshots" {
+		t.Errorf("create sent %+v", req)
+	} else {
+		jsonEq(t, req.Body, `{"name":"logged-in","metadata":{"step":"2"}}`)
+	}
+	r, _ = runCLI(t, d, nil, "", "snapshot", "ls", "--sandbox", "abc123")
+	if r.code != 0 || !strings.Contains(r.stdout, "NAME") || !strings.Contains(r.stdout, "snap1  logged-in  abc123   qemu     1024x768    700.0 MiB") {
+		t.Errorf("ls: %+v", r)
+	}
+	if req := d.last(t); url.Values(req.Query).Get("sandbox_id") != "abc123" {
+		t.Errorf("ls --sandbox sent %+v", req)
+	}
+	r, _ = runCLI(t, d, nil, "", "snapshot", "get", "logged-in", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"size_bytes": 734003200`) {
+		t.Errorf("get --json: %+v", r)
+	}
+	r, _ = runCLI(t, d, nil, "", "snapshot", "rm", "old", "logged-in")
+	if r.code != 1 || r.stdout != "old\n" || !strings.Contains(r.stderr, "logged-in: ") || !strings.Contains(r.stderr, "in use") {
+		t.Errorf("rm of a free and a busy snapshot: %+v", r)
+	}
+	r, _ = runCLI(t, d, nil, "", "create", "--from-snapshot", "logged-in", "--timeout", "10m")
+	if r.code != 0 {
+		t.Fatalf("create --from-snapshot: %+v", r)
+	}
+	jsonEq(t, d.last(t).Body, `{"from_snapshot":"logged-in","timeout_seconds":600}`)
+	r, _ = runCLI(t, d, nil, "", "fork", "abc123", "--count", "2")
+	if r.code != 0 || r.stdout != "fork1\nfork2\n" {
+		t.Errorf("fork: %+v", r)
+	}
+	jsonEq(t, d.last(t).Body, `{"count":2}`)
 }

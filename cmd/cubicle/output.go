@@ -102,6 +102,9 @@ func printSandbox(w io.Writer, s client.Sandbox) {
 	if s.IP != "" {
 		line("ip", s.IP)
 	}
+	if s.FromSnapshot != "" {
+		line("from snapshot", s.FromSnapshot)
+	}
 	for _, v := range s.Volumes {
 		line("volume", v.Name+" at "+v.Path)
 	}

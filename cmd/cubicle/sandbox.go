@@ -82,6 +82,7 @@ screenshot; --no-wait returns at once with the sandbox starting.`,
 	f.StringArrayVar(&volumes, "volume", nil, "attach volume NAME at PATH: NAME:/PATH (repeatable; see cubicle volume)")
 	f.BoolVar(&noWait, "no-wait", false, "return at once, while the sandbox is still starting")
 	f.BoolVar(&req.AutoPause, "auto-pause", false, "pause the sandbox at its timeout or idle timeout instead of destroying it")
+	f.StringVar(&req.FromSnapshot, "from-snapshot", "", "start from this snapshot (ID or name; see cubicle snapshot) instead of booting")
 	return cmd
 }
 

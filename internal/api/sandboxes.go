@@ -17,7 +17,7 @@ var (
 	// sandboxIDPattern is what the daemon's own ids look like, for
 	// query parameters that name one.
 	sandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,128}$`)
-	states    = map[sandbox.State]bool{
+	states           = map[sandbox.State]bool{
 		sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
 		sandbox.StateStopped: true, sandbox.StateFailed: true,
 		sandbox.StatePausing: true, sandbox.StatePaused: true, sandbox.StateResuming: true,
