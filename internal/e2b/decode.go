@@ -73,6 +73,9 @@ type createParams struct {
 	req      sandbox.CreateRequest
 }
 
+// fromSnapshot reports whether the create starts from a snapshot.
+func (p createParams) fromSnapshot() bool { return p.req.FromSnapshot != "" }
+
 // parseNewSandbox decodes and validates a create body; defaultTimeout
 // applies when it has no timeout. Errors are 400s with a user message.
 func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams, error) {
@@ -85,9 +88,15 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 	}
 	name := *in.TemplateID
 	tmpl, ok := s.templates[name]
+	var snapshot string
 	if !ok {
-		return createParams{}, badRequestf("unknown template %q; known templates: %s",
-			truncate(name, 64), strings.Join(s.knownTemplates(), ", "))
+		// E2B's snapshots are templates: Sandbox.create(snapshotId).
+		// Whether the key has one of that ID or name, only the create
+		// can tell.
+		if sandbox.CheckSnapshotName("templateID", name) != nil {
+			return createParams{}, s.unknownTemplate(name)
+		}
+		snapshot = name
 	}
 	timeout, err := timeoutSeconds(in.Timeout, defaultTimeout)
 	if err != nil {
@@ -104,9 +113,14 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 	if err != nil {
 		return createParams{}, err
 	}
+	backend := s.cfg.Backend
+	if snapshot != "" {
+		backend = "" // the snapshot's
+	}
 	req, err := sandbox.ValidateCreate(sandbox.CreateRequest{
 		Template:           tmpl,
-		Backend:            s.cfg.Backend,
+		Backend:            backend,
+		FromSnapshot:       snapshot,
 		TimeoutSeconds:     timeout,
 		IdleTimeoutSeconds: idleNever,
 		Env:                in.EnvVars,
@@ -164,6 +178,13 @@ func inE2BWords(err error) error {
 }
 
 // knownTemplates lists the E2B template names, sorted.
+// unknownTemplate is the answer to a create from a template that is
+// neither a template nor one of the key's snapshots.
+func (s *Server) unknownTemplate(name string) error {
+	return badRequestf("unknown template %q; known templates: %s (or one of your snapshots)",
+		truncate(name, 64), strings.Join(s.knownTemplates(), ", "))
+}
+
 func (s *Server) knownTemplates() []string {
 	names := make([]string, 0, len(s.templates))
 	for n := range s.templates {

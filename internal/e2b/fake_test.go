@@ -41,6 +41,14 @@ type fakeManager struct {
 	createErr  error
 	getErr     error
 	panicOnGet bool
+	snaps      []fakeSnap // in creation order
+	snapErr    error      // what CreateSnapshot answers, when set
+}
+
+// fakeSnap is a snapshot of the fake and its owner.
+type fakeSnap struct {
+	sandbox.Snapshot
+	owner string
 }
 
 func newFakeManager() *fakeManager {
@@ -63,6 +71,11 @@ func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest, wai
 	f.created = append(f.created, req)
 	if f.createErr != nil {
 		return sandbox.Sandbox{}, f.createErr
+	}
+	if req.FromSnapshot != "" {
+		if _, ok := f.snapLocked(req.Owner, req.FromSnapshot); !ok {
+			return sandbox.Sandbox{}, errdefs.NotFound("snapshot %s not found", req.FromSnapshot)
+		}
 	}
 	if !wait {
 		return sandbox.Sandbox{}, fmt.Errorf("fake: create without wait")
@@ -210,6 +223,56 @@ func (f *fakeManager) Fork(ctx context.Context, id, owner string, count int) ([]
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+func (f *fakeManager) CreateSnapshot(ctx context.Context, id, owner, name string, md map[string]string) (sandbox.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sbs[id]
+	switch {
+	case !ok:
+		return sandbox.Snapshot{}, errdefs.NotFound("sandbox %s not found", id)
+	case f.snapErr != nil:
+		return sandbox.Snapshot{}, f.snapErr
+	case sb.State != sandbox.StateRunning:
+		return sandbox.Snapshot{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	s := sandbox.Snapshot{ID: fmt.Sprintf("snap%016d", len(f.snaps)), Name: name, SandboxID: id,
+		CreatedAt: t0.Add(time.Duration(len(f.snaps)) * time.Second), Metadata: md}
+	f.snaps = append(f.snaps, fakeSnap{s, owner})
+	return s, nil
+}
+
+func (f *fakeManager) snapLocked(owner, ref string) (int, bool) {
+	for i, s := range f.snaps {
+		if s.owner == owner && (s.ID == ref || s.Name == ref) {
+			return i, true
+		}
+	}
+	return 0, false
+}
+
+func (f *fakeManager) ListSnapshots(ctx context.Context, owner, sandboxID string) []sandbox.Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []sandbox.Snapshot
+	for _, s := range f.snaps {
+		if s.owner == owner && (sandboxID == "" || s.SandboxID == sandboxID) {
+			out = append(out, s.Snapshot)
+		}
+	}
+	return out
+}
+
+func (f *fakeManager) DeleteSnapshot(ctx context.Context, owner, ref string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i, ok := f.snapLocked(owner, ref)
+	if !ok {
+		return errdefs.NotFound("snapshot %s not found", ref)
+	}
+	f.snaps = slices.Delete(f.snaps, i, i+1)
+	return nil
 }
 
 // testKey and testTokenKey are the API key and token key of test servers.

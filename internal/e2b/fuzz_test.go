@@ -42,7 +42,14 @@ func FuzzParseNewSandbox(f *testing.F) {
 			return
 		}
 		req := p.req
-		if s.templates[p.template] != req.Template || req.Template == "" {
+		switch {
+		case p.fromSnapshot():
+			// Not a template: the key's snapshot of that ID or name, if
+			// it has one, with the snapshot's template and backend.
+			if req.FromSnapshot != p.template || req.Template != "" || req.Backend != "" || s.templates[p.template] != "" {
+				t.Fatalf("templateID %q taken as snapshot %q, template %q, backend %q", p.template, req.FromSnapshot, req.Template, req.Backend)
+			}
+		case s.templates[p.template] != req.Template || req.Template == "":
 			t.Fatalf("template %q mapped to %q", p.template, req.Template)
 		}
 		if req.TimeoutSeconds < 1 || req.IdleTimeoutSeconds != idleNever {

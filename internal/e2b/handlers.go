@@ -38,6 +38,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, defaultTimeout i
 	}
 	p.req.Owner = s.keys.Owner(r)
 	sb, err := s.mgr.Create(r.Context(), p.req, true)
+	if p.fromSnapshot() && errors.Is(err, errdefs.ErrNotFound) {
+		err = s.unknownTemplate(p.template)
+	}
 	if err != nil {
 		writeError(w, s.log, r, fmt.Errorf("create sandbox from template %s: %w", p.req.Template, err))
 		return

@@ -34,6 +34,11 @@ type Manager interface {
 	Resume(ctx context.Context, id string, seconds int) (sandbox.Sandbox, error)
 	// Fork copies a running sandbox into count new ones of owner.
 	Fork(ctx context.Context, id, owner string, count int) ([]sandbox.Sandbox, error)
+	// CreateSnapshot, ListSnapshots and DeleteSnapshot manage owner's
+	// snapshots (E2B's snapshot templates).
+	CreateSnapshot(ctx context.Context, id, owner, name string, metadata map[string]string) (sandbox.Snapshot, error)
+	ListSnapshots(ctx context.Context, owner, sandboxID string) []sandbox.Snapshot
+	DeleteSnapshot(ctx context.Context, owner, ref string) error
 }
 
 // Config configures a Server. Zero values get the defaults noted.
@@ -132,6 +137,9 @@ func New(cfg Config, mgr Manager, log *slog.Logger) *Server {
 		{Pattern: "POST /sandboxes/{id}/pause", Handler: s.pause},
 		{Pattern: "POST /sandboxes/{id}/resume", Handler: s.resume},
 		{Pattern: "POST /sandboxes/{id}/fork", Handler: s.fork},
+		{Pattern: "POST /sandboxes/{id}/snapshots", Handler: s.createSnapshot},
+		{Pattern: "GET /snapshots", Handler: s.listSnapshots},
+		{Pattern: "DELETE /templates/{templateID}", Handler: s.deleteTemplate},
 		{Pattern: "GET /sandboxes/{id}/metrics", Handler: s.metrics},
 		{Pattern: "GET /sandboxes/{id}/logs", Handler: s.logsV1},
 		{Pattern: "GET /v2/sandboxes/{id}/logs", Handler: s.logsV2},

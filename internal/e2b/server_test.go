@@ -237,8 +237,8 @@ func TestCreate(t *testing.T) {
 		{name: "missing templateID", path: "/v2/sandboxes", body: `{"timeout":30}`, wantStatus: 400, wantMsg: "templateID is required"},
 		{name: "empty templateID", path: "/sandboxes", body: `{"templateID":""}`, wantStatus: 400, wantMsg: "templateID is required"},
 		{name: "empty body", path: "/v2/sandboxes", body: ``, wantStatus: 400, wantMsg: "empty body"},
-		{name: "unknown template lists the known ones", path: "/v2/sandboxes", body: `{"templateID":"nope"}`, wantStatus: 400,
-			wantMsg: `unknown template "nope"; known templates: desktop, k0wmnzir0zuzye6dndlw`},
+		{name: "unknown template lists the known ones", path: "/v2/sandboxes", body: `{"templateID":"No Such"}`, wantStatus: 400,
+			wantMsg: `unknown template "No Such"; known templates: desktop, k0wmnzir0zuzye6dndlw (or one of your snapshots)`},
 		{name: "malformed JSON", path: "/v2/sandboxes", body: `{"templateID":`, wantStatus: 400, wantMsg: "invalid JSON body"},
 		{name: "null", path: "/v2/sandboxes", body: `null`, wantStatus: 400, wantMsg: "expected a JSON object, not null"},
 		{name: "invalid UTF-8", path: "/v2/sandboxes", body: "{\"templateID\":\"desktop\",\"envVars\":{\"A\":\"x\xffy\"}}", wantStatus: 400, wantMsg: "not valid UTF-8"},
@@ -736,7 +736,8 @@ func TestRoutes(t *testing.T) {
 		"GET /health", "POST /sandboxes", "POST /v2/sandboxes", "GET /sandboxes", "GET /v2/sandboxes",
 		"GET /sandboxes/{id}", "DELETE /sandboxes/{id}", "POST /sandboxes/{id}/timeout",
 		"POST /sandboxes/{id}/connect", "POST /v2/sandboxes/{id}/connect", "POST /sandboxes/{id}/pause",
-		"POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork", "GET /sandboxes/{id}/metrics", "GET /sandboxes/{id}/logs",
+		"POST /sandboxes/{id}/resume", "POST /sandboxes/{id}/fork",
+		"POST /sandboxes/{id}/snapshots", "GET /snapshots", "DELETE /templates/{templateID}", "GET /sandboxes/{id}/metrics", "GET /sandboxes/{id}/logs",
 		"GET /v2/sandboxes/{id}/logs",
 	}
 	var got []string

@@ -586,19 +586,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if err := m.allowOwnerCreate(req.Owner); err != nil {
 		return Sandbox{}, err
 	}
-	allow, err := egressAllow(req.Network)
-	if err != nil {
-		return Sandbox{}, err
-	}
-	if len(allow) > 0 && m.cfg.Network == nil {
-		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "network egress was requested but this daemon runs sandboxes without a network (start cubicled with --net)")
-	}
 	// from is the snapshot the sandbox starts from, held (release) until
 	// its start has ended, so that it is not deleted under the restore.
 	var (
 		from      *snap
 		release   = func() {}
 		handedOff bool
+		err       error
 	)
 	if req.FromSnapshot != "" {
 		req, from, release, err = m.fromSnapshot(ctx, req)
@@ -611,6 +605,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 			release()
 		}
 	}()
+	allow, err := egressAllow(req.Network)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if len(allow) > 0 && m.cfg.Network == nil {
+		return Sandbox{}, errdefs.New(errdefs.ErrUnavailable, "network egress was requested but this daemon runs sandboxes without a network (start cubicled with --net)")
+	}
 	d, err := m.resolveBackend(ctx, req.Backend)
 	if err != nil {
 		return Sandbox{}, err

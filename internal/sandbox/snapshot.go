@@ -317,7 +317,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, owner, ref string) error {
 // request says of the shape must be what the snapshot has: a memory image
 // fits only the box it was taken of. The session's start URL and
 // environment are the snapshot's too (its programs run already), so a
-// request that sets them is refused rather than ignored.
+// request that sets them is refused rather than ignored. A request that
+// says nothing of egress gets the snapshot's policy, as a fork gets its
+// parent's: the page in the snapshot was loaded under it.
 func (m *Manager) fromSnapshot(ctx context.Context, req CreateRequest) (CreateRequest, *snap, func(), error) {
 	m.mu.Lock()
 	s, err := m.snapLocked(req.Owner, req.FromSnapshot)
@@ -360,6 +362,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, req CreateRequest) (CreateRe
 	req.Template, req.Backend, req.Resolution = c.Template, c.Backend, c.Resolution
 	req.DPI, req.VCPUs, req.MemoryMB = q.DPI, q.VCPUs, q.MemoryMB
 	req.StartURL, req.Env = q.StartURL, maps.Clone(q.Env)
+	if req.Network.Egress == "" && req.Network.Allow == nil {
+		req.Network = q.Network
+	}
 	req.FromSnapshot = c.ID
 	m.mu.Lock()
 	if s.deleting { // deleted since

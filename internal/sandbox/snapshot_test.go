@@ -100,7 +100,8 @@ func TestSnapshotRestore(t *testing.T) {
 	m := newSnapManager(t, sd, n, dataDir, 0)
 	defer m.Close()
 	src, err := m.Create(ctx, CreateRequest{Owner: "key-a", Resolution: Resolution{Width: 800, Height: 600}, DPI: 120,
-		Env: map[string]string{"SESSION": "one"}, Metadata: map[string]string{"who": "source"}}, true)
+		Env: map[string]string{"SESSION": "one"}, Metadata: map[string]string{"who": "source"},
+		Network: Network{Allow: []string{"192.0.2.0/24"}}}, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,12 +163,30 @@ func TestSnapshotRestore(t *testing.T) {
 		if _, err := m.Agent(ctx, sb.ID); err != nil {
 			t.Errorf("Agent(%s): %v", sb.ID, err)
 		}
+		// Saying nothing of egress, it has the source's policy.
+		n.mu.Lock()
+		allow := n.allow[sb.ID]
+		n.mu.Unlock()
+		if !slices.Equal(allow, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}) {
+			t.Errorf("%s: egress %v, want the source's", sb.ID, allow)
+		}
 		made = append(made, sb)
+	}
+	// A policy of its own wins.
+	closed, err := m.Create(ctx, CreateRequest{Owner: "key-a", FromSnapshot: s.ID, Network: Network{Egress: "none"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	allow := n.allow[closed.ID]
+	n.mu.Unlock()
+	if len(allow) != 0 {
+		t.Errorf("from the snapshot with egress none: %v", allow)
 	}
 	sd.mu.Lock()
 	calls := slices.Clone(sd.restored)
 	sd.mu.Unlock()
-	if len(calls) != 2 || calls[0].from != src.ID || calls[0].dir != filepath.Join(dataDir, "snapshots", s.ID) ||
+	if len(calls) != 3 || calls[0].from != src.ID || calls[0].dir != filepath.Join(dataDir, "snapshots", s.ID) ||
 		calls[0].spec.ID != made[0].ID || calls[1].spec.ID != made[1].ID || calls[0].spec.Width != 800 {
 		t.Errorf("restores %+v", calls)
 	}

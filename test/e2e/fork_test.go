@@ -65,6 +65,13 @@ func testForkRefused(t *testing.T, c *client.Client, backend string) {
 	if n := len(mustList(t, c)); n != 1 {
 		t.Errorf("the refused fork left %d sandboxes, want the parent alone", n)
 	}
+	// Snapshots too: refused as such, with nothing kept.
+	if _, err := c.CreateSnapshot(bg, sb.ID, client.SnapshotOptions{Name: "refused"}); client.ErrorCode(err) != client.CodeNotSupported {
+		t.Errorf("snapshot on %s: %v, want not_supported", backend, err)
+	}
+	if list, err := c.ListSnapshots(bg, ""); err != nil || len(list) != 0 {
+		t.Errorf("after a refused snapshot: %+v, %v; want none", list, err)
+	}
 }
 
 func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite) {
@@ -76,20 +83,7 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 	}
 	shows := func(id string, want color.RGBA, what string) {
 		t.Helper()
-		there := func() bool { return near(pixel(t, c, id, 512, 600), want) }
-		ok := eventually(90*time.Second, there)
-		if ws, _ := c.Windows(bg, id); !ok && len(ws) > 0 && strings.HasPrefix(ws[0].Title, "Untitled") {
-			// Chromium under TCG at times loses its start navigation
-			// (README, "Known bug under TCG"): a reload, as a user would.
-			t.Logf("%s: a blank Untitled tab after 90 s; reloading once", what)
-			if _, err := c.Actions(bg, id, client.PressKey("F5")); err != nil {
-				t.Fatal(err)
-			}
-			ok = eventually(90*time.Second, there)
-		}
-		if !ok {
-			t.Fatalf("%s: the screen shows %v, want %v", what, pixel(t, c, id, 512, 600), want)
-		}
+		vmShows(t, c, id, want, what)
 	}
 	shows(parent.ID, loginBlue, "the parent's login page")
 	if _, err := c.Actions(bg, parent.ID, client.ClickAt(512, 400)); err != nil {
@@ -219,6 +213,26 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 			t.Fatal(err)
 		}
 		assertNoTrace(t, d, "qemu", id)
+	}
+}
+
+// vmShows waits until VM sandbox id's screen shows the login site's
+// colour want (at 512,600), and fails the test when it does not.
+func vmShows(t *testing.T, c *client.Client, id string, want color.RGBA, what string) {
+	t.Helper()
+	there := func() bool { return near(pixel(t, c, id, 512, 600), want) }
+	ok := eventually(90*time.Second, there)
+	if ws, _ := c.Windows(context.Background(), id); !ok && len(ws) > 0 && strings.HasPrefix(ws[0].Title, "Untitled") {
+		// Chromium under TCG at times loses its start navigation
+		// (README, "Known bug under TCG"): a reload, as a user would.
+		t.Logf("%s: a blank Untitled tab after 90 s; reloading once", what)
+		if _, err := c.Actions(context.Background(), id, client.PressKey("F5")); err != nil {
+			t.Fatal(err)
+		}
+		ok = eventually(90*time.Second, there)
+	}
+	if !ok {
+		t.Fatalf("%s: the screen shows %v, want %v", what, pixel(t, c, id, 512, 600), want)
 	}
 }
 
