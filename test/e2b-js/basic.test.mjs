@@ -443,7 +443,7 @@ describe('e2b SDK, pause and resume', { timeout: 10 * 60 * 1000 }, () => {
 })
 
 describe('e2b SDK, fork', { timeout: 15 * 60 * 1000 }, () => {
-  it('fork({count}) refused on gvisor; on qemu copies with files, processes and their own ids, machine-ids and envd tokens', async (t) => {
+  it('fork({count}) and createSnapshot() refused on gvisor; on qemu copies with files, processes and their own ids, machine-ids and envd tokens, and snapshots that Sandbox.create starts from', async (t) => {
     const tls = env('CUBICLE_TLS_ADDR')
     const info = await (await fetch(`${env('E2B_API_URL')}/v1/info`, { headers: { 'X-API-Key': env('E2B_API_KEY') } })).json()
     const qemu = info.backends.find((b) => b.name === 'qemu')
@@ -456,6 +456,7 @@ describe('e2b SDK, fork', { timeout: 15 * 60 * 1000 }, () => {
     const g = await Sandbox.create('base', { metadata: { suite: 'cubicle-e2b-js', run: `${run}-fork` } })
     try {
       await assert.rejects(g.fork({ count: 2 }), (e) => /cannot fork/.test(e.message), 'fork on gvisor')
+      await assert.rejects(g.createSnapshot(), (e) => /cannot snapshot/.test(e.message), 'snapshot on gvisor')
     } finally {
       await Sandbox.kill(g.sandboxId).catch(() => {})
     }
@@ -507,6 +508,31 @@ describe('e2b SDK, fork', { timeout: 15 * 60 * 1000 }, () => {
         const r = await fetchVia(tls, `https://${a.getHost(49983)}${path}`, { 'X-Access-Token': token })
         assert.equal(r.status, 401, `fork ${a.sandboxId} with ${what} envd token: ${r.status} ${r.body}`)
       }
+
+      // A snapshot of the parent is a template: Sandbox.create(snapshotId)
+      // starts a copy of it as it was, by ID or by name, and deleting it
+      // is deleting that template.
+      const name = `snap-${run}`
+      const snap = await parent.createSnapshot({ name })
+      assert.ok(snap.snapshotId, 'a snapshot id')
+      assert.deepEqual(snap.names, [name])
+      await parent.commands.run('echo after-snapshot > /home/user/fork-file')
+      const listed = await Sandbox.listSnapshots({ sandboxId: id }).nextItems()
+      assert.deepEqual(listed.map((s) => s.snapshotId), [snap.snapshotId])
+      const machineIDsNow = new Set(machineIDs)
+      for (const ref of [snap.snapshotId, name]) {
+        const c = await Sandbox.create(ref, { timeoutMs: 5 * 60 * 1000, metadata: { suite: 'cubicle-e2b-js', run: `${run}-fork` } })
+        made.push(c.sandboxId)
+        assert.equal((await c.getInfo()).state, 'running')
+        assert.equal((await c.commands.run('cat /home/user/fork-file')).stdout, 'before-fork\n', `${ref}: the file as it was at the snapshot`)
+        assert.equal((await c.commands.run(`kill -0 ${bg.pid} && echo alive`)).stdout, 'alive\n', `${ref}: the counter of the snapshot runs`)
+        const mid = (await c.commands.run('cat /etc/machine-id')).stdout
+        assert.ok(!machineIDsNow.has(mid), `${ref}: a machine-id of its own`)
+        machineIDsNow.add(mid)
+      }
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+      assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false, 'a second delete finds nothing')
+      assert.deepEqual(await Sandbox.listSnapshots({ sandboxId: id }).nextItems(), [])
     } finally {
       for (const sid of made) await Sandbox.kill(sid).catch(() => {})
     }
