@@ -259,5 +259,6 @@ func (p *probeWriter) Write(b []byte) (int, error) {
 // method: a wrong one is answered 405 in E2B's shape, not the native API's).
 func OwnsPath(p string) bool {
 	return p == "/health" || p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
-		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/")
+		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
+		p == "/snapshots" || strings.HasPrefix(p, "/templates/")
 }

@@ -824,9 +824,20 @@ func TestOwnsPath(t *testing.T) {
 	for p, want := range map[string]bool{
 		"/health": true, "/sandboxes": true, "/sandboxes/abc/timeout": true, "/v2/sandboxes": true,
 		"/v2/sandboxes/abc/logs": true, "/v1/sandboxes": false, "/healthz": false, "/sandboxesx": false, "/": false,
+		"/snapshots": true, "/templates/snap1": true, "/v1/snapshots": false, "/snapshotsx": false, "/templates": false,
 	} {
 		if got := OwnsPath(p); got != want {
 			t.Errorf("OwnsPath(%q) = %v, want %v", p, got, want)
+		}
+	}
+	// Every route's path is owned: the daemon gives the control plane
+	// only the requests OwnsPath claims.
+	s, _ := newTestServer(t, nil)
+	for _, r := range s.Routes() {
+		_, p, _ := strings.Cut(r.Pattern, " ")
+		p = strings.NewReplacer("{id}", "abc", "{templateID}", "snap1").Replace(p)
+		if !OwnsPath(p) {
+			t.Errorf("route %s: OwnsPath(%q) is false", r.Pattern, p)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/client"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
+	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
 // TestCrashFork kills cubicled with -9 at random points of forks of a
@@ -22,6 +23,15 @@ import (
 // stopped, and the restart lets them run), and each fork the round made
 // is running and usable or stopped without a trace; once the forks are
 // gone the host holds what it held before the round.
+//
+// Then the same for snapshots (CUBICLE_CRASH_SNAPSHOT_ROUNDS kills during
+// snapshots of the parent and as many during creates from a snapshot,
+// default 3 each): after each restart the parent is running and usable;
+// a snapshot the kill cut short is listed and starts a usable sandbox, or
+// is gone without a trace (its directory too); a sandbox the kill cut
+// short while it started from a snapshot is running and usable or
+// stopped without a trace, and the snapshot it started from is intact
+// (a create from it afterwards is usable).
 func TestCrashFork(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -141,6 +151,154 @@ func testCrashFork(t *testing.T, backend string) {
 		assertHostAsBefore(t, d, dataDir, before, free, fmt.Sprintf("round %d (kill %v into a fork)", round, at.Round(time.Millisecond)))
 	}
 	t.Logf("outcomes of %d kills during forks: %v", rounds, outcome)
+	crashSnapshots(t, d, c, parent)
+}
+
+// crashSnapshots is TestCrashFork's part for snapshots, on its daemon
+// and parent.
+func crashSnapshots(t *testing.T, d *harness.Daemon, c *client.Client, parent client.Sandbox) {
+	rounds := 3
+	if s := os.Getenv("CUBICLE_CRASH_SNAPSHOT_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("CUBICLE_CRASH_SNAPSHOT_ROUNDS=%q", s)
+		}
+		rounds = n
+	}
+	ctx := context.Background()
+	dataDir := filepath.Dir(d.Log)
+	restart := func() {
+		t.Helper()
+		d.Kill9()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		if err := d.Restart(rctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// startFrom starts a sandbox from snapshot ref, checks that it is
+	// usable and destroys it.
+	startFrom := func(ref, what string) {
+		t.Helper()
+		sb, err := c.Create(ctx, client.CreateRequest{FromSnapshot: ref})
+		if err != nil {
+			t.Fatalf("%s: create from snapshot %s: %v", what, ref, err)
+		}
+		assertUsable(t, c, sb.ID)
+		if err := c.Destroy(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		assertCrashClean(t, dataDir, sb)
+	}
+	// Undisturbed, so that kills fall anywhere in one.
+	t0 := time.Now()
+	kept, err := c.CreateSnapshot(ctx, parent.ID, client.SnapshotOptions{Name: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tookSnap := time.Since(t0)
+	t0 = time.Now()
+	sb, err := c.Create(ctx, client.CreateRequest{FromSnapshot: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tookRestore := time.Since(t0)
+	if err := c.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertCrashClean(t, dataDir, sb)
+	t.Logf("undisturbed: snapshot in %v, create from it in %v", tookSnap.Round(time.Millisecond), tookRestore.Round(time.Millisecond))
+
+	outcome := map[string]int{}
+	for round := range rounds {
+		before := snapshotHost(dataDir, d.Pid())
+		free := metricValue(t, d, "cubicle_netpool_free")
+		at := time.Duration(rand.Int64N(int64(tookSnap) * 11 / 10))
+		done := make(chan struct{})
+		go func() { defer close(done); c.CreateSnapshot(ctx, parent.ID, client.SnapshotOptions{Name: "cut"}) }()
+		time.Sleep(at)
+		restart()
+		<-done
+		what := fmt.Sprintf("round %d (kill %v into a snapshot)", round, at.Round(time.Millisecond))
+		if got, err := c.Get(ctx, parent.ID); err != nil || got.State != client.StateRunning {
+			t.Fatalf("%s: the parent: %+v, %v", what, got, err)
+		}
+		if !eventually(3*time.Minute, func() bool { return usable(c, parent.ID) }) {
+			assertUsable(t, c, parent.ID)
+		}
+		s, err := c.GetSnapshot(ctx, "cut")
+		switch {
+		case err == nil:
+			outcome["snapshot: kept"]++
+			startFrom("cut", what)
+			if err := c.DeleteSnapshot(ctx, "cut"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(dataDir, "snapshots", s.ID)); !os.IsNotExist(err) {
+				t.Errorf("%s: the deleted snapshot's directory: %v", what, err)
+			}
+		case client.IsNotFound(err):
+			outcome["snapshot: gone"]++
+		default:
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Logf("%s: %v", what, map[bool]string{true: "kept", false: "gone"}[err == nil])
+		assertHostAsBefore(t, d, dataDir, before, free, what)
+	}
+	seen := map[string]bool{} // stopped sandboxes stay listed a while
+	for round := range rounds {
+		before := snapshotHost(dataDir, d.Pid())
+		free := metricValue(t, d, "cubicle_netpool_free")
+		at := time.Duration(rand.Int64N(int64(tookRestore) * 11 / 10))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			c.Create(ctx, client.CreateRequest{FromSnapshot: "kept", Metadata: map[string]string{"crash": "restore"}})
+		}()
+		time.Sleep(at)
+		restart()
+		<-done
+		what := fmt.Sprintf("round %d (kill %v into a create from a snapshot)", round, at.Round(time.Millisecond))
+		listed, err := c.List(ctx, client.ListOptions{Metadata: map[string]string{"crash": "restore"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sbs []client.Sandbox
+		for _, sb := range listed {
+			if !seen[sb.ID] {
+				seen[sb.ID] = true
+				sbs = append(sbs, sb)
+			}
+		}
+		if len(sbs) > 1 {
+			t.Fatalf("%s: %d sandboxes from one create", what, len(sbs))
+		}
+		for _, k := range sbs {
+			outcome["restore: "+k.State]++
+			switch k.State {
+			case "running":
+				assertUsable(t, c, k.ID)
+				if err := c.Destroy(ctx, k.ID); err != nil {
+					t.Fatalf("%s: destroy %s: %v", what, k.ID, err)
+				}
+			case "stopped", "failed":
+			default:
+				t.Errorf("%s: %s is %s after the restart: half-made", what, k.ID, k.State)
+				continue
+			}
+			assertCrashClean(t, dataDir, k)
+		}
+		if len(sbs) == 0 {
+			outcome["restore: never made"]++
+		}
+		t.Logf("%s: %d sandboxes listed", what, len(sbs))
+		if got, err := c.GetSnapshot(ctx, "kept"); err != nil || got.ID != kept.ID {
+			t.Fatalf("%s: the snapshot: %+v, %v", what, got, err)
+		}
+		assertHostAsBefore(t, d, dataDir, before, free, what)
+	}
+	startFrom("kept", "after the kills")
+	t.Logf("outcomes of %d kills during snapshots and %d during creates from one: %v", rounds, rounds, outcome)
 }
 
 // usable reports whether a command runs and a screenshot comes back in
