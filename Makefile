@@ -92,8 +92,9 @@ bench-pause: deps image
 bench-pool: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-pool
 
-# bench-fork measures only qemu forks of 1 and of 10 against cold creates
-# of the same run, and rewrites only that section of BENCHMARKS.md.
+# bench-fork measures only qemu forks of 1 and of 10, snapshots and
+# creates from a snapshot, against cold creates of the same run, and
+# rewrites only those sections (fork, snapshot) of BENCHMARKS.md.
 bench-fork: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-fork
 

@@ -19,15 +19,22 @@ type forkResult struct {
 	one     result // fork of 1, end to end (copy, start, re-key)
 	many    result // fork of manyN, once per sample
 	manyN   int
-	err     error
+	// snap is taking a snapshot of the running desktop; restore is a
+	// create from one, to ready (restore, re-key); snapBytes is the
+	// host disk the last snapshot took.
+	snap, restore result
+	snapBytes     int64
+	err           error
 }
 
 // measureFork forks one running desktop of backend n times one at a
-// time and once manyN at a time, each fork destroyed after, and creates
-// n desktops cold, all on one daemon.
+// time and once manyN at a time, each fork destroyed after; takes n
+// snapshots of it (each deleted after) and creates n desktops from one
+// more; and creates n desktops cold, all on one daemon.
 func measureFork(ctx context.Context, imageDir, backend string, n, manyN int) forkResult {
 	fr := forkResult{backend: backend, manyN: manyN, cold: result{name: "create cold " + backend},
-		one: result{name: "fork of 1 " + backend}, many: result{name: fmt.Sprintf("fork of %d %s", manyN, backend)}}
+		one: result{name: "fork of 1 " + backend}, many: result{name: fmt.Sprintf("fork of %d %s", manyN, backend)},
+		snap: result{name: "snapshot " + backend}, restore: result{name: "create from a snapshot " + backend}}
 	res := client.Resolution{Width: 1024, Height: 768}
 	fr.err = withDaemon(ctx, imageDir, backend, []string{"--max-sandboxes", fmt.Sprint(manyN + 2)}, func(d *harness.Daemon, c *client.Client) error {
 		for i := 0; i < n; i++ {
@@ -69,21 +76,69 @@ func measureFork(ctx context.Context, imageDir, backend string, n, manyN int) fo
 		if err := fork(manyN, &fr.many); err != nil {
 			return fmt.Errorf("fork of %d: %w", manyN, err)
 		}
+		for i := 0; i <= n; i++ {
+			t0 := time.Now()
+			s, err := c.CreateSnapshot(ctx, parent.ID, client.SnapshotOptions{})
+			if err != nil {
+				return fmt.Errorf("snapshot %d: %w", i, err)
+			}
+			fr.snap.samples = append(fr.snap.samples, time.Since(t0))
+			fr.snapBytes = s.SizeBytes
+			if i < n {
+				if err := c.DeleteSnapshot(ctx, s.ID); err != nil {
+					return err
+				}
+				continue
+			}
+			defer c.DeleteSnapshot(ctx, s.ID)
+			for j := 0; j < n; j++ {
+				t0 := time.Now()
+				sb, err := c.Create(ctx, client.CreateRequest{FromSnapshot: s.ID})
+				if err != nil {
+					return fmt.Errorf("create from a snapshot, %d: %w", j, err)
+				}
+				fr.restore.samples = append(fr.restore.samples, time.Since(t0))
+				if err := c.Destroy(ctx, sb.ID); err != nil {
+					return err
+				}
+			}
+		}
 		return nil
 	})
 	if fr.err == nil {
-		log.Printf("%s: cold p50 %s; fork of 1 p50 %s p95 %s; fork of %d %s", backend, ms(fr.cold.pct(.5)),
-			ms(fr.one.pct(.5)), ms(fr.one.pct(.95)), manyN, ms(fr.many.pct(.5)))
+		log.Printf("%s: cold p50 %s; fork of 1 p50 %s p95 %s; fork of %d %s; snapshot p50 %s (%d MiB); create from a snapshot p50 %s",
+			backend, ms(fr.cold.pct(.5)), ms(fr.one.pct(.5)), ms(fr.one.pct(.95)), manyN, ms(fr.many.pct(.5)),
+			ms(fr.snap.pct(.5)), fr.snapBytes>>20, ms(fr.restore.pct(.5)))
 	}
 	return fr
 }
 
-// runFork is `bench -only-fork`: fork figures of qemu, written to the
-// fork section of out.
+// runFork is `bench -only-fork`: fork and snapshot figures of qemu,
+// written to the fork and snapshot sections of out.
 func runFork(imageDir, out string, n int) error {
 	defer harness.RemoveBuild()
 	fr := measureFork(context.Background(), imageDir, "qemu", n, 10)
-	return harness.ReplaceSection(out, "fork", forkReport(fr))
+	if err := harness.ReplaceSection(out, "fork", forkReport(fr)); err != nil {
+		return err
+	}
+	return harness.ReplaceSection(out, "snapshot", snapshotReport(fr))
+}
+
+// snapshotReport is the snapshot section of BENCHMARKS.md.
+func snapshotReport(fr forkResult) string {
+	var b strings.Builder
+	b.WriteString("## Snapshots (make bench; bench -only-fork)\n\n")
+	fmt.Fprintf(&b, "POST /v1/sandboxes/{id}/snapshots of one running 1024×768 %s desktop (Chromium open, default shape) until the snapshot is on disk and synced, the desktop running on; then POST /v1/sandboxes with from_snapshot until the new sandbox answers running with its own identity (restore, re-key), each destroyed after; cold creates of the same desktop on the same daemon, in the same run. qemu runs under TCG here (no usable KVM). Anchors: E2B's published create of about 150 ms (a snapshot resume) and resume of about 1 s; Firecracker's documented snapshot load of about 3 ms (KVM).\n\n", fr.backend)
+	if fr.err != nil {
+		fmt.Fprintf(&b, "Failed: %v\n", fr.err)
+		return b.String()
+	}
+	b.WriteString("| backend | cold create p50 (n) | snapshot p50 (n) | snapshot size | create from a snapshot p50 | p95 | n | cold ÷ from a snapshot (p50) |\n|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| %s | %s (%d) | %s (%d) | %d MiB | %s | %s | %d | %.1f× |\n", fr.backend, ms(fr.cold.pct(.5)), len(fr.cold.samples),
+		ms(fr.snap.pct(.5)), len(fr.snap.samples), fr.snapBytes>>20, ms(fr.restore.pct(.5)), ms(fr.restore.pct(.95)), len(fr.restore.samples),
+		float64(fr.cold.pct(.5))/float64(fr.restore.pct(.5)))
+	b.WriteString("\nThe snapshot is the desktop's memory image (about what the guest has touched, up to its memory size) and copies of its disk overlay, kernel and initramfs; it is kept until deleted and counts against the key's --key-max-snapshots. A create from it loads that image into a new VM with its own disk copy and network, then re-keys it. gvisor, runc and firecracker do not snapshot yet.\n")
+	return b.String()
 }
 
 // forkReport is the fork section of BENCHMARKS.md.

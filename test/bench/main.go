@@ -40,7 +40,7 @@ func main() {
 	onlyPause := flag.Bool("only-pause", false, "measure only pause, resume and cold create of the backends that pause, and rewrite only that section of -out")
 	onlyPool := flag.Bool("only-pool", false, "measure only create-to-ready cold and from a warm pool on -backend, and rewrite only that section of -out")
 	nPool := flag.Int("n-pool", 20, "creates from the warm pool (and cold ones) measured")
-	onlyFork := flag.Bool("only-fork", false, "measure only qemu forks of 1 and of 10 against cold creates, and rewrite only that section of -out")
+	onlyFork := flag.Bool("only-fork", false, "measure only qemu forks of 1 and of 10, snapshots and creates from a snapshot, against cold creates, and rewrite only those sections of -out")
 	nFork := flag.Int("n-fork", 3, "forks of 1 (and cold creates) measured on qemu")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
@@ -269,6 +269,9 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	}
 	if cc.nFork > 0 && slices.Contains(cc.backends, "qemu") {
 		fr := measureFork(ctx, imageDir, "qemu", cc.nFork, 10)
+		if err := harness.ReplaceSection(out, "snapshot", snapshotReport(fr)); err != nil {
+			return err
+		}
 		if err := harness.ReplaceSection(out, "fork", forkReport(fr)); err != nil {
 			return err
 		}
