@@ -25,6 +25,7 @@ var e2bAnswers = map[string]int{
 	"POST /sandboxes/{id}/pause":      400,
 	"POST /sandboxes/{id}/resume":     400,
 	"POST /sandboxes/{id}/fork":       400,
+	"POST /sandboxes/{id}/snapshots":  400,
 }
 
 // e2bWellFormedFor lists, per route, the bodies of e2bMalformedBodies
@@ -33,6 +34,9 @@ var e2bAnswers = map[string]int{
 // other members is a pause (which does change the sandboxes).
 var e2bWellFormedFor = map[string][]string{
 	"POST /sandboxes/{id}/pause": {"wrong types", "fractional timeout", "negative timeout", "timeout past int32"},
+	// A snapshot takes only {"name": string}, the same way; the test's
+	// sandboxes are gvisor's, which answers 501 and makes nothing.
+	"POST /sandboxes/{id}/snapshots": {"wrong types", "fractional timeout", "negative timeout", "timeout past int32"},
 }
 
 // e2bMalformedBodies are bodies malformed for every POST route of E2B's

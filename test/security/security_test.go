@@ -185,12 +185,15 @@ func routes(t *testing.T) (native []api.RouteInfo, e2bRoutes []e2b.Route) {
 	return native, e2bRoutes
 }
 
-// concrete fills a pattern's {id} with a real sandbox, and its {name}
-// with a volume that does not exist.
+// concrete fills a pattern's {id} with a real sandbox, its {name} with a
+// volume and its {snapshot} and {templateID} with a snapshot that do not
+// exist.
 func concrete(pattern, id string) (method, path string) {
 	method, path, _ = strings.Cut(pattern, " ")
 	path = strings.ReplaceAll(path, "{$}", "")
 	path = strings.ReplaceAll(path, "{name}", "no-such-volume")
+	path = strings.ReplaceAll(path, "{snapshot}", "no-such-snapshot")
+	path = strings.ReplaceAll(path, "{templateID}", "no-such-snapshot")
 	return method, strings.ReplaceAll(path, "{id}", id)
 }
 
