@@ -143,26 +143,33 @@ func rmCmd(a *app) *cobra.Command {
 		Args:    minArgs(1, "at least one sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
-			var errs []error
-			for _, id := range args {
-				if err := c.Destroy(cmd.Context(), id); err != nil {
-					if len(args) > 1 {
-						fmt.Fprintf(a.errOut, "error: %s: %s\n", id, strings.TrimPrefix(formatError(err), "error: "))
-						errs = append(errs, err)
-						continue
-					}
-					return err
-				}
-				if !a.jsonOut {
-					fmt.Fprintln(a.out, id)
-				}
-			}
-			if len(errs) > 0 {
-				return exitError{1}
-			}
-			return nil
+			return a.each(args, func(id string) error { return c.Destroy(cmd.Context(), id) })
 		},
 	}
+}
+
+// each runs do for every one of args, printing each that succeeded. With
+// one argument its error is the command's; with more it goes on past
+// failures, reports each, and fails with exit status 1 at the end.
+func (a *app) each(args []string, do func(arg string) error) error {
+	failed := false
+	for _, arg := range args {
+		if err := do(arg); err != nil {
+			if len(args) == 1 {
+				return err
+			}
+			fmt.Fprintf(a.errOut, "error: %s: %s\n", arg, strings.TrimPrefix(formatError(err), "error: "))
+			failed = true
+			continue
+		}
+		if !a.jsonOut {
+			fmt.Fprintln(a.out, arg)
+		}
+	}
+	if failed {
+		return exitError{1}
+	}
+	return nil
 }
 
 func extendCmd(a *app) *cobra.Command {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -88,24 +87,7 @@ delete it; each gets an identity of its own. Snapshots belong to your API key.`,
 		Args:    minArgs(1, "at least one snapshot"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
-			var failed bool
-			for _, ref := range args {
-				if err := c.DeleteSnapshot(cmd.Context(), ref); err != nil {
-					if len(args) == 1 {
-						return err
-					}
-					fmt.Fprintf(a.errOut, "error: %s: %s\n", ref, strings.TrimPrefix(formatError(err), "error: "))
-					failed = true
-					continue
-				}
-				if !a.jsonOut {
-					fmt.Fprintln(a.out, ref)
-				}
-			}
-			if failed {
-				return exitError{1}
-			}
-			return nil
+			return a.each(args, func(ref string) error { return c.DeleteSnapshot(cmd.Context(), ref) })
 		},
 	}
 	cmd.AddCommand(create, ls, get, rm)

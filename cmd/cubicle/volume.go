@@ -80,24 +80,7 @@ time. A new volume starts as a copy of what the image has at PATH.`,
 		Args:    minArgs(1, "at least one volume name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
-			var failed bool
-			for _, name := range args {
-				if err := c.DeleteVolume(cmd.Context(), name); err != nil {
-					if len(args) == 1 {
-						return err
-					}
-					fmt.Fprintf(a.errOut, "error: %s: %s\n", name, strings.TrimPrefix(formatError(err), "error: "))
-					failed = true
-					continue
-				}
-				if !a.jsonOut {
-					fmt.Fprintln(a.out, name)
-				}
-			}
-			if failed {
-				return exitError{1}
-			}
-			return nil
+			return a.each(args, func(name string) error { return c.DeleteVolume(cmd.Context(), name) })
 		},
 	}
 	cmd.AddCommand(create, ls, get, rm)

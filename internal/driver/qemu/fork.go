@@ -37,10 +37,6 @@ func (d *Driver) CanFork(ctx context.Context) error { return nil }
 
 // Fork copies the running VM parent into one new VM per child spec.
 func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.Spec) (_ []driver.Box, err error) {
-	b, ok := parent.(*box)
-	if !ok || b.d != d {
-		return nil, errors.New("fork: not a box of this driver")
-	}
 	if len(children) == 0 {
 		return nil, nil
 	}
@@ -49,18 +45,12 @@ func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 	}
-	b.mu.Lock()
+	b, err := d.lockCopyable(parent, "fork")
+	if err != nil {
+		return nil, err
+	}
 	defer b.mu.Unlock()
 	id, dir := b.data.ID, b.data.Dir
-	if b.stopped || isClosed(b.dead) {
-		return nil, fmt.Errorf("fork %s: the VM is not running", id)
-	}
-	if len(b.data.Argv) == 0 {
-		return nil, fmt.Errorf("fork %s: the VM was started by a cubicled without pause; it cannot be forked", id)
-	}
-	if strings.ContainsAny(dir, "'\n") {
-		return nil, fmt.Errorf("fork %s: state directory %q holds a quote", id, dir)
-	}
 	for i := range children {
 		if err := validID(children[i].ID); err != nil {
 			return nil, fmt.Errorf("fork %s: child %d: %w", id, i, err)
@@ -124,6 +114,32 @@ func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.
 		out[i] = c
 	}
 	return out, nil
+}
+
+// lockCopyable returns parent as a box of d that can be copied (forked
+// or snapshotted), locked against Stop and other copies; the caller
+// unlocks b.mu. op names the copy in errors.
+func (d *Driver) lockCopyable(parent driver.Box, op string) (*box, error) {
+	b, ok := parent.(*box)
+	if !ok || b.d != d {
+		return nil, fmt.Errorf("%s: not a box of this driver", op)
+	}
+	b.mu.Lock()
+	id, dir := b.data.ID, b.data.Dir
+	var err error
+	switch {
+	case b.stopped || isClosed(b.dead):
+		err = errors.New("the VM is not running")
+	case len(b.data.Argv) == 0:
+		err = errors.New("the VM was started by a cubicled without pause; it cannot be copied")
+	case strings.ContainsAny(dir, "'\n"):
+		err = fmt.Errorf("state directory %q holds a quote", dir)
+	}
+	if err != nil {
+		b.mu.Unlock()
+		return nil, fmt.Errorf("%s %s: %w", op, id, err)
+	}
+	return b, nil
 }
 
 // snapshotInto stops b's vCPUs, migrates its memory and devices to

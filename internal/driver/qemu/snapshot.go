@@ -78,32 +78,24 @@ func (d *Driver) CanSnapshot(ctx context.Context) error { return nil }
 
 // Snapshot saves the running VM b into dir, and lets it run on.
 func (d *Driver) Snapshot(ctx context.Context, parent driver.Box, dir string) (driver.Snapshot, error) {
-	b, ok := parent.(*box)
-	if !ok || b.d != d {
-		return driver.Snapshot{}, errors.New("snapshot: not a box of this driver")
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 	}
-	b.mu.Lock()
+	b, err := d.lockCopyable(parent, "snapshot")
+	if err != nil {
+		return driver.Snapshot{}, err
+	}
 	defer b.mu.Unlock()
 	id, bdir := b.data.ID, b.data.Dir
 	fail := func(err error) (driver.Snapshot, error) {
 		return driver.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
-	if b.stopped || isClosed(b.dead) {
-		return fail(errors.New("the VM is not running"))
-	}
-	if len(b.data.Argv) == 0 {
-		return fail(errors.New("the VM was started by a cubicled without pause; it cannot be snapshotted"))
-	}
 	if strings.ContainsAny(dir, "'\n") {
 		return fail(fmt.Errorf("snapshot directory %q holds a quote", dir))
 	}
 	data := snapshotData{From: id, Machine: d.cfg.Machine, KVM: b.data.KVM, Image: b.data.Image}
-	var err error
 	if data.VCPUs, err = argInt(b.data.Argv, "-smp"); err != nil {
 		return fail(err)
 	}
