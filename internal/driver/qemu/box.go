@@ -57,10 +57,11 @@ type box struct {
 	// still hold that daemon's yamux session (a guest busy under TCG
 	// does not see the host go and come back), and would take our first
 	// frames for that session's and drop them. The first DialAgent ends
-	// it and waits for the agent to answer a fresh one; settleMu makes
-	// concurrent first calls wait for that.
+	// it and waits for the agent to answer a fresh one; settling is
+	// closed when that attempt ends, for calls that came meanwhile.
 	settleMu sync.Mutex
 	adopted  bool
+	settling chan struct{}
 
 	mu      sync.Mutex // serializes Stop
 	stopped bool
@@ -140,18 +141,41 @@ func (b *box) DialAgent(ctx context.Context) (net.Conn, error) {
 // before that could wait forever: TestFork saw an adopted VM's agent
 // leave its first request unanswered for 20 s.
 func (b *box) settle(ctx context.Context) error {
-	b.settleMu.Lock()
-	defer b.settleMu.Unlock()
-	if !b.adopted {
+	for {
+		b.settleMu.Lock()
+		if !b.adopted {
+			b.settleMu.Unlock()
+			return nil
+		}
+		if ch := b.settling; ch != nil {
+			// Another call settles: wait for it, as long as ctx lets.
+			b.settleMu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("box %s: agent of an adopted VM: %w", b.data.ID, ctx.Err())
+			}
+		}
+		ch := make(chan struct{})
+		b.settling = ch
+		b.settleMu.Unlock()
+
+		b.resetSession(b.currentSession())
+		kickGuestSession(ctx, b.data.Dir)
+		err := b.waitAgentEvery(ctx, 2*time.Second)
+		b.settleMu.Lock()
+		b.settling = nil
+		if err == nil {
+			b.adopted = false
+		}
+		b.settleMu.Unlock()
+		close(ch)
+		if err != nil {
+			return fmt.Errorf("box %s: agent of an adopted VM: %w", b.data.ID, err)
+		}
 		return nil
 	}
-	b.resetSession(b.currentSession())
-	kickGuestSession(ctx, b.data.Dir)
-	if err := b.waitAgentEvery(ctx, 2*time.Second); err != nil {
-		return fmt.Errorf("box %s: agent of an adopted VM: %w", b.data.ID, err)
-	}
-	b.adopted = false
-	return nil
 }
 
 // dial is DialAgent without settle.
