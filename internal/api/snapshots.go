@@ -17,7 +17,7 @@ type createSnapshotRequest struct {
 // a 404 error when it cannot be one.
 func pathSnapshot(r *http.Request) (string, error) {
 	ref := r.PathValue("snapshot")
-	if sandbox.CheckSnapshotName("snapshot", ref) != nil {
+	if sandbox.CheckSnapshotRef("snapshot", ref) != nil {
 		return "", &httpError{status: http.StatusNotFound, code: codeNotFound, msg: "snapshot not found"}
 	}
 	return ref, nil

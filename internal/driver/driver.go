@@ -170,7 +170,15 @@ type Snapshotter interface {
 type Snapshot struct {
 	State State // versioned, as Box.State; kept by the manager's store
 	Bytes int64 // what it takes on the host's disk
+	// VCPUs and MemoryMB are the shape the box had (defaults filled
+	// in), which every box from the snapshot has; 0 when unknown.
+	VCPUs, MemoryMB int
 }
+
+// ErrCannotCopy is wrapped by a Fork or Snapshot refused for good for
+// what the box is (a box started by a daemon that could not copy it, an
+// image that is gone): the box runs on, and asking again will not help.
+var ErrCannotCopy = errors.New("the box cannot be copied")
 
 // ErrSnapshotStale is wrapped by a Restore refused because what the
 // snapshot was taken on is gone or changed (its image was rebuilt): no

@@ -93,7 +93,7 @@ func (s *Server) parseNewSandbox(body []byte, defaultTimeout int) (createParams,
 		// E2B's snapshots are templates: Sandbox.create(snapshotId).
 		// Whether the key has one of that ID or name, only the create
 		// can tell.
-		if sandbox.CheckSnapshotName("templateID", name) != nil {
+		if sandbox.CheckSnapshotRef("templateID", name) != nil {
 			return createParams{}, s.unknownTemplate(name)
 		}
 		snapshot = name
@@ -177,7 +177,6 @@ func inE2BWords(err error) error {
 	return badRequestf("%s", named.Error())
 }
 
-// knownTemplates lists the E2B template names, sorted.
 // unknownTemplate is the answer to a create from a template that is
 // neither a template nor one of the key's snapshots.
 func (s *Server) unknownTemplate(name string) error {
@@ -185,6 +184,7 @@ func (s *Server) unknownTemplate(name string) error {
 		truncate(name, 64), strings.Join(s.knownTemplates(), ", "))
 }
 
+// knownTemplates lists the E2B template names, sorted.
 func (s *Server) knownTemplates() []string {
 	names := make([]string, 0, len(s.templates))
 	for n := range s.templates {

@@ -41,8 +41,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request, defaultTimeout i
 	if p.fromSnapshot() && errors.Is(err, errdefs.ErrNotFound) {
 		err = s.unknownTemplate(p.template)
 	}
+	if p.fromSnapshot() && errors.Is(err, errdefs.ErrInvalid) {
+		err = inE2BWords(err) // env → envVars
+	}
 	if err != nil {
-		writeError(w, s.log, r, fmt.Errorf("create sandbox from template %s: %w", p.req.Template, err))
+		writeError(w, s.log, r, fmt.Errorf("create sandbox from template %s: %w", p.template, err))
 		return
 	}
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, p.template))

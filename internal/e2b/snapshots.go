@@ -49,6 +49,12 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 	if in.Name != nil {
 		name = *in.Name
 	}
+	if _, ok := s.templates[name]; ok {
+		// Sandbox.create(name) would start the template, not the
+		// snapshot.
+		writeError(w, s.log, r, badRequestf("name %q is the name of a template; give the snapshot another", name))
+		return
+	}
 	sb, ok := s.lookup(w, r)
 	if !ok {
 		return
@@ -105,7 +111,7 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, s.log, r, statusErrorf(http.StatusForbidden, "template %q is an image of this host; only snapshots are deleted through the API", ref))
 		return
 	}
-	if sandbox.CheckSnapshotName("templateID", ref) != nil {
+	if sandbox.CheckSnapshotRef("templateID", ref) != nil {
 		writeError(w, s.log, r, statusErrorf(http.StatusNotFound, "template %q not found", truncate(ref, 64)))
 		return
 	}

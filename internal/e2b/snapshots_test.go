@@ -56,6 +56,8 @@ func TestSnapshots(t *testing.T) {
 		{"/sandboxes/sb3/snapshots", "", 409, "paused"},
 		{"/sandboxes/sb1/snapshots", `{"name":7}`, 400, "name"},
 		{"/sandboxes/sb1/snapshots", `not json`, 400, "JSON"},
+		// Sandbox.create("desktop") would start the template.
+		{"/sandboxes/sb1/snapshots", `{"name":"desktop"}`, 400, "name of a template"},
 	} {
 		rec := do(t, s, "POST", tt.path, tt.body, nil)
 		checkError(t, rec.Code, rec.Body.Bytes(), tt.status, tt.msg)

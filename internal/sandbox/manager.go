@@ -629,9 +629,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 	if req.Template == "" {
 		req.Template = "desktop"
 	}
-	rootfs, err := m.cfg.Images(req.Template)
-	if err != nil {
-		return Sandbox{}, err
+	// A box from a snapshot boots nothing: what it runs is the
+	// snapshot's, whatever became of its template's image since.
+	var rootfs string
+	if from == nil {
+		if rootfs, err = m.cfg.Images(req.Template); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	if req.Resolution.Width == 0 || req.Resolution.Height == 0 {
 		req.Resolution = Resolution{Width: 1024, Height: 768}

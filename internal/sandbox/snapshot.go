@@ -45,12 +45,30 @@ const DefaultMaxSnapshotsPerOwner = 16
 // MaxSnapshotName bounds a snapshot's name.
 const MaxSnapshotName = 63
 
-var snapshotName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+var (
+	snapshotName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]*$`)
+	// snapshotIDForm is the form of the IDs the daemon gives (newID):
+	// a name of that form could stand for another snapshot's ID.
+	snapshotIDForm = regexp.MustCompile(`^[a-z2-7]{26}$`)
+)
 
-// CheckSnapshotName checks a snapshot name: the rules of volume names.
+// CheckSnapshotRef checks what names a snapshot in a request: its ID or
+// its name (field names it in the error).
+func CheckSnapshotRef(field, ref string) error {
+	if ref == "" || len(ref) > MaxSnapshotName || !snapshotName.MatchString(ref) || strings.Contains(ref, "..") {
+		return fieldErr(field, " %q is not a snapshot ID or name", truncate(ref, MaxSnapshotName))
+	}
+	return nil
+}
+
+// CheckSnapshotName checks a new snapshot's name: the rules of volume
+// names, and not of the form of an ID.
 func CheckSnapshotName(field, name string) error {
-	if name == "" || len(name) > MaxSnapshotName || !snapshotName.MatchString(name) || strings.Contains(name, "..") {
+	if CheckSnapshotRef(field, name) != nil {
 		return fieldErr(field, " %q is not a valid snapshot name: 1 to %d of a-z, 0-9, '.', '_' and '-', starting with a letter or digit", truncate(name, MaxSnapshotName), MaxSnapshotName)
+	}
+	if snapshotIDForm.MatchString(name) {
+		return fieldErr(field, " %q has the form of a snapshot ID, which a name may not", name)
 	}
 	return nil
 }
@@ -176,8 +194,13 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, owner, name string, me
 		delete(m.snaps, s.ID)
 		m.mu.Unlock()
 		log.Error("snapshot failed", "err", err)
-		if errors.Is(err, syscall.ENOSPC) || diskFull(m.cfg.DataDir) {
+		switch {
+		case errors.Is(err, syscall.ENOSPC) || diskFull(m.cfg.DataDir):
 			return Snapshot{}, errFull
+		case errors.Is(err, driver.ErrCannotCopy):
+			return Snapshot{}, errdefs.Conflict("sandbox %s cannot be snapshotted: %v", id, err)
+		case isClosed(box.Wait()):
+			return Snapshot{}, errdefs.New(errdefs.ErrUnavailable, "snapshot sandbox %s: %v; nothing was kept, and the sandbox could not run on: it is gone", id, err)
 		}
 		return Snapshot{}, errdefs.New(errdefs.ErrUnavailable, "snapshot sandbox %s: %v; nothing was kept, and the sandbox runs on", id, err)
 	}
@@ -192,6 +215,12 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, owner, name string, me
 	}
 	m.mu.Lock()
 	s.Driver, s.SizeBytes = saved.State, saved.Bytes
+	if saved.VCPUs > 0 && saved.MemoryMB > 0 {
+		// What the box had, defaults filled in: what a create from the
+		// snapshot may name.
+		s.VCPUs, s.MemoryMB = saved.VCPUs, saved.MemoryMB
+		s.Request.VCPUs, s.Request.MemoryMB = saved.VCPUs, saved.MemoryMB
+	}
 	c := *s
 	m.mu.Unlock()
 	// The record is the commit: a daemon killed before it leaves a
@@ -297,17 +326,20 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, owner, ref string) error {
 	}
 	s.deleting = true
 	m.mu.Unlock()
-	err = m.store.deleteSnapshot(s.ID)
-	if err == nil {
-		err = os.RemoveAll(m.snapshotDir(s.ID))
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err != nil {
+	if err := m.store.deleteSnapshot(s.ID); err != nil {
+		m.mu.Lock()
 		s.deleting = false
+		m.mu.Unlock()
 		return fmt.Errorf("delete snapshot %s: %w", s.ID, err)
 	}
+	// Gone from the store, the snapshot is gone: files that cannot be
+	// removed now are swept at the next start (loadSnapshots).
+	if err := os.RemoveAll(m.snapshotDir(s.ID)); err != nil {
+		m.log.Warn("remove a deleted snapshot's files", "snapshot", s.ID, "err", err)
+	}
+	m.mu.Lock()
 	delete(m.snaps, s.ID)
+	m.mu.Unlock()
 	m.log.Info("snapshot deleted", "snapshot", s.ID)
 	return nil
 }
@@ -355,6 +387,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, req CreateRequest) (CreateRe
 	}
 	if m.cfg.Network != nil && c.IP == "" {
 		return req, nil, nil, errdefs.Conflict("snapshot %s was taken of a sandbox without a network, and this daemon gives every sandbox one; it cannot be restored here", c.ID)
+	}
+	if m.cfg.Network == nil && c.IP != "" {
+		return req, nil, nil, errdefs.Conflict("snapshot %s was taken of a sandbox with a network, and this daemon runs sandboxes without one (start cubicled with --net); it cannot be restored here", c.ID)
 	}
 	if _, err := m.snapshotter(ctx, c.Backend); err != nil {
 		return req, nil, nil, err

@@ -50,7 +50,8 @@ func (d *snapDriver) Snapshot(ctx context.Context, b driver.Box, dir string) (dr
 		return driver.Snapshot{}, err
 	}
 	data, _ := json.Marshal(id)
-	return driver.Snapshot{State: driver.State{Version: 7, Driver: "gvisor", Data: data}, Bytes: 4096}, nil
+	// The fake's boxes have 2 vCPUs and 1 GiB unless the create said.
+	return driver.Snapshot{State: driver.State{Version: 7, Driver: "gvisor", Data: data}, Bytes: 4096, VCPUs: 2, MemoryMB: 1024}, nil
 }
 
 func (d *snapDriver) Restore(ctx context.Context, s driver.State, dir string, spec driver.Spec) (driver.Box, error) {
@@ -114,7 +115,8 @@ func TestSnapshotRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	if s.SandboxID != src.ID || s.Name != "logged-in" || s.Resolution != src.Resolution || s.Backend != "gvisor" ||
-		s.Template != "desktop" || s.SizeBytes != 4096 || s.Metadata["step"] != "1" || s.ID == src.ID {
+		s.Template != "desktop" || s.SizeBytes != 4096 || s.Metadata["step"] != "1" || s.ID == src.ID ||
+		s.VCPUs != 2 || s.MemoryMB != 1024 {
 		t.Errorf("snapshot %+v", s)
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "snapshots", s.ID, "memory")); err != nil {
@@ -131,7 +133,13 @@ func TestSnapshotRestore(t *testing.T) {
 	tokens := map[string]bool{srcToken: true}
 	var made []Sandbox
 	for i, ref := range []string{s.ID, "logged-in"} {
-		sb, err := m.Create(ctx, CreateRequest{Owner: "key-a", FromSnapshot: ref, Metadata: map[string]string{"n": fmt.Sprint(i)}}, true)
+		// The second names the shape the snapshot has (its defaults):
+		// that is no mismatch.
+		req := CreateRequest{Owner: "key-a", FromSnapshot: ref, Metadata: map[string]string{"n": fmt.Sprint(i)}}
+		if i == 1 {
+			req.VCPUs, req.MemoryMB = 2, 1024
+		}
+		sb, err := m.Create(ctx, req, true)
 		if err != nil {
 			t.Fatalf("create from %s: %v", ref, err)
 		}
@@ -267,6 +275,7 @@ func TestSnapshotRefusals(t *testing.T) {
 		{"bad name", src.ID, "Bad Name", nil, errdefs.ErrInvalid},
 		{"name with ..", src.ID, "a..b", nil, errdefs.ErrInvalid},
 		{"bad metadata", src.ID, "", map[string]string{"": "x"}, errdefs.ErrInvalid},
+		{"a name of an ID's form", src.ID, "abcdefghijklmnopqrstuvwxyz", nil, errdefs.ErrInvalid},
 	} {
 		if _, err := m.CreateSnapshot(ctx, c.id, "key-a", c.snapName, c.md); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
@@ -278,6 +287,11 @@ func TestSnapshotRefusals(t *testing.T) {
 		t.Errorf("a failed snapshot: %v", err)
 	}
 	nothingKept("a failed snapshot", 0)
+	sd.snapErr = fmt.Errorf("%w: the VM was started by a cubicled without pause", driver.ErrCannotCopy)
+	if _, err := m.CreateSnapshot(ctx, src.ID, "key-a", "", nil); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a snapshot the driver cannot take of that box: %v, want conflict", err)
+	}
+	nothingKept("a box that cannot be copied", 0)
 	sd.snapErr = nil
 
 	first, err := m.CreateSnapshot(ctx, src.ID, "key-a", "one", nil)
@@ -307,6 +321,7 @@ func TestSnapshotRefusals(t *testing.T) {
 	}{
 		{"resolution", CreateRequest{Resolution: Resolution{Width: 1280, Height: 800}}, errdefs.ErrInvalid},
 		{"vcpus", CreateRequest{VCPUs: 4}, errdefs.ErrInvalid},
+		{"memory_mb", CreateRequest{MemoryMB: 512}, errdefs.ErrInvalid},
 		{"backend", CreateRequest{Backend: "qemu"}, errdefs.ErrInvalid},
 		{"template", CreateRequest{Template: "other"}, errdefs.ErrInvalid},
 		{"env", CreateRequest{Env: map[string]string{"A": "b"}}, errdefs.ErrInvalid},
@@ -470,7 +485,7 @@ func TestSnapshotRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	m = newSnapManager(t, sd, n, dataDir, 0)
-	defer m.Close()
+	second := m
 	got, err := m.GetSnapshot(ctx, "key-a", "kept")
 	if err != nil {
 		t.Fatal(err)
@@ -489,5 +504,18 @@ func TestSnapshotRestart(t *testing.T) {
 	}
 	if rk := sd.rekeyed[sb.ID]; rk.req.OldAddr != src.IP+"/24" || netip.MustParsePrefix(rk.req.Addr).Addr().String() != sb.IP {
 		t.Errorf("after a restart, re-keyed %s → %s; want from the source's %s", rk.req.OldAddr, rk.req.Addr, src.IP)
+	}
+
+	// A daemon started without networking cannot give the copy of a
+	// sandbox that had an address what its guest expects: refused, and
+	// nothing made.
+	second.Close()
+	m = newSnapManager(t, sd, nil, dataDir, 0)
+	defer m.Close()
+	if _, err := m.Create(ctx, CreateRequest{Owner: "key-a", FromSnapshot: "kept"}, true); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("a snapshot with a network, on a daemon without: %v, want conflict", err)
+	}
+	if got := m.List(ctx, Filter{State: StateStarting}); len(got) != 0 {
+		t.Errorf("the refused create left %+v", got)
 	}
 }

@@ -119,7 +119,7 @@ func ValidateCreate(req CreateRequest) (CreateRequest, error) {
 		return req, err
 	}
 	if req.FromSnapshot != "" {
-		if err := CheckSnapshotName("from_snapshot", req.FromSnapshot); err != nil {
+		if err := CheckSnapshotRef("from_snapshot", req.FromSnapshot); err != nil {
 			return req, err
 		}
 	}

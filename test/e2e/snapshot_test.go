@@ -162,7 +162,37 @@ func TestSnapshot(t *testing.T) {
 		t.Fatalf("create from the snapshot after a restart: %v", err)
 	}
 	check(sb)
-	made = append(made, sb)
+
+	// A sandbox from a snapshot forks, and its fork lives on its own:
+	// through a pause and resume of its parent, the parent's end, and
+	// a pause and resume of its own (which boots its own kernel and
+	// initramfs again).
+	forks, err := c.Fork(bg, sb.ID, 1)
+	if err != nil {
+		t.Fatalf("fork of a sandbox from the snapshot: %v", err)
+	}
+	child := forks[0]
+	if _, err := c.Pause(bg, sb.ID); err != nil {
+		t.Fatalf("pause the fork's parent: %v", err)
+	}
+	if _, err := c.Resume(bg, sb.ID, 0); err != nil {
+		t.Fatalf("resume the fork's parent: %v", err)
+	}
+	if got := sh(child.ID, "cat /root/note"); got != "before" {
+		t.Errorf("the fork after its parent's pause and resume: %q", got)
+	}
+	if err := c.Destroy(bg, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	assertNoTrace(t, d, "qemu", sb.ID)
+	if _, err := c.Pause(bg, child.ID); err != nil {
+		t.Fatalf("pause the fork once its parent is gone: %v", err)
+	}
+	if _, err := c.Resume(bg, child.ID, 0); err != nil {
+		t.Fatalf("resume the fork once its parent is gone: %v", err)
+	}
+	vmShows(t, c, child.ID, inGreen, "the fork of a sandbox from the snapshot")
+	made = append(made, child)
 
 	// A policy of its own wins: with egress none the site is out of reach.
 	closed, err := c.Create(bg, client.CreateRequest{FromSnapshot: "alice-in", Network: &client.Network{Egress: client.EgressNone}})

@@ -13,7 +13,6 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
-	"github.com/cubicle-dev/cubicle/internal/image"
 )
 
 // A fork is a pause that does not end the VM: the parent's vCPUs stop,
@@ -60,9 +59,12 @@ func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.
 		}
 		children[i] = withDefaults(children[i])
 	}
-	vm, err := image.LookupVM(children[0].Image)
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: %w", id, err)
+	// The children boot what the parent booted: its kernel and
+	// initramfs, which a parent started from a snapshot keeps in its own
+	// directory (each child then gets its own copies of them).
+	kernel := argAfter(b.data.Argv, "-kernel")
+	if kernel == "" {
+		return nil, fmt.Errorf("fork %s: the VM's command line names no kernel", id)
 	}
 	stream := filepath.Join(dir, memoryPart)
 	defer os.Remove(stream)
@@ -81,14 +83,28 @@ func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.
 		}
 	}()
 
+	// What does not change while the parent runs is set up first.
+	saved := make([]boxData, len(children))
+	kernels := make([]string, len(children))
+	for i, c := range children {
+		cd := d.boxDir(c.ID)
+		if err := os.Mkdir(cd, 0o700); err != nil {
+			return nil, fmt.Errorf("fork %s: child %s: %w", id, c.ID, err)
+		}
+		dirs = append(dirs, cd)
+		saved[i] = b.data
+		if kernels[i], err = ownCopy(kernel, dir, cd, snapKernel); err == nil {
+			saved[i].Initramfs, err = ownCopy(b.data.Initramfs, dir, cd, snapInitramfs)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fork %s: child %s: %w", id, c.ID, err)
+		}
+	}
+
 	// The copy: vCPUs stopped, stream written, disks copied, parent on.
 	if err := d.snapshotInto(ctx, b, stream, func() error {
-		for _, c := range children {
-			cd := d.boxDir(c.ID)
-			if err := os.Mkdir(cd, 0o700); err != nil {
-				return fmt.Errorf("child %s: %w", c.ID, err)
-			}
-			dirs = append(dirs, cd)
+		for i, c := range children {
+			cd := dirs[i]
 			for _, f := range []string{"overlay.qcow2", "config.img"} {
 				if _, err := hostfile.Clone(filepath.Join(dir, f), filepath.Join(cd, f)); err != nil {
 					return fmt.Errorf("child %s: %w", c.ID, err)
@@ -101,7 +117,7 @@ func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.
 	}
 
 	for i, c := range children {
-		cb, err := d.startCopy(ctx, b.data, c, dirs[i], vm.Kernel, stream)
+		cb, err := d.startCopy(ctx, saved[i], c, dirs[i], kernels[i], stream)
 		if cb != nil {
 			made = append(made, cb)
 		}
@@ -114,6 +130,22 @@ func (d *Driver) Fork(ctx context.Context, parent driver.Box, children []driver.
 		out[i] = c
 	}
 	return out, nil
+}
+
+// ownCopy returns the path a child in cd uses for its parent's file
+// src: src itself, or, when src is in the parent's directory pdir, a copy
+// in cd called name. Nothing of a child's command line may name another
+// box's directory (by which that box's processes are found and killed),
+// and a child must outlive its parent's directory.
+func ownCopy(src, pdir, cd, name string) (string, error) {
+	if !strings.HasPrefix(src, pdir+"/") {
+		return src, nil
+	}
+	dst := filepath.Join(cd, name)
+	if _, err := hostfile.Clone(src, dst); err != nil {
+		return "", err
+	}
+	return dst, nil
 }
 
 // lockCopyable returns parent as a box of d that can be copied (forked
@@ -131,7 +163,7 @@ func (d *Driver) lockCopyable(parent driver.Box, op string) (*box, error) {
 	case b.stopped || isClosed(b.dead):
 		err = errors.New("the VM is not running")
 	case len(b.data.Argv) == 0:
-		err = errors.New("the VM was started by a cubicled without pause; it cannot be copied")
+		err = fmt.Errorf("%w: the VM was started by a cubicled without pause", driver.ErrCannotCopy)
 	case strings.ContainsAny(dir, "'\n"):
 		err = fmt.Errorf("state directory %q holds a quote", dir)
 	}

@@ -108,7 +108,7 @@ func (d *Driver) Snapshot(ctx context.Context, parent driver.Box, dir string) (d
 	}
 	vm, err := image.LookupVM(b.data.Image)
 	if err != nil {
-		return fail(err)
+		return fail(fmt.Errorf("%w: %w", driver.ErrCannotCopy, err))
 	}
 	if data.Base, err = idOf(vm.Disk); err != nil {
 		return fail(fmt.Errorf("the image's disk: %w", err))
@@ -140,6 +140,7 @@ func (d *Driver) Snapshot(ctx context.Context, parent driver.Box, dir string) (d
 	return driver.Snapshot{
 		State: driver.State{Version: snapshotVersion, Driver: d.Name(), Data: raw},
 		Bytes: hostfile.DiskBytes(dir),
+		VCPUs: data.VCPUs, MemoryMB: data.MemoryMB,
 	}, nil
 }
 
