@@ -106,6 +106,10 @@ type Manager struct {
 	availMu sync.Mutex
 	avail   map[string]availability
 
+	// freeBytes tells the free space of a directory's filesystem
+	// (freeSpace; tests fill the disk with a fake).
+	freeBytes func(dir string) (int64, error)
+
 	// pools are the warm pools (Config.Pools), their boxes guarded by
 	// mu; claiming and claims (by owner) count the claims in progress,
 	// whose boxes are in no pool and not yet in entries.
@@ -199,13 +203,14 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	m := &Manager{
 		cfg: cfg, store: st, log: cfg.Log, m: cfg.Metrics,
 		ctx: mctx, cancel: cancel,
-		entries:  make(map[string]*entry),
-		limiters: make(map[string]*rate.Limiter),
-		volumes:  make(map[string]*volume),
-		snaps:    make(map[string]*snap),
-		avail:    make(map[string]availability),
-		poolKick: make(chan struct{}, 1),
-		claims:   make(map[string]int),
+		entries:   make(map[string]*entry),
+		limiters:  make(map[string]*rate.Limiter),
+		volumes:   make(map[string]*volume),
+		snaps:     make(map[string]*snap),
+		avail:     make(map[string]availability),
+		freeBytes: freeSpace,
+		poolKick:  make(chan struct{}, 1),
+		claims:    make(map[string]int),
 	}
 	for _, ps := range cfg.Pools {
 		m.pools = append(m.pools, &pool{spec: ps})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
@@ -19,6 +20,45 @@ const DefaultPausedLifetime = 7 * 24 * time.Hour
 // written or read at disk speed, and under TCG a resumed guest takes a
 // while to answer.
 const pauseBound = 5 * time.Minute
+
+// saveRoom is the free space on the data directory that saving rec's
+// box to disk (a pause, a snapshot) may take: a VM's memory image is up
+// to its memory; a gVisor checkpoint is its sandbox's memory,
+// compressed (tens of MiB for a desktop).
+func saveRoom(rec *record) int64 {
+	if rec.Sandbox.Isolation != driver.IsolationVM {
+		return 256 << 20
+	}
+	mb := int64(rec.Request.MemoryMB)
+	if mb <= 0 {
+		mb = 2048 // the largest of the VM backends' defaults
+	}
+	return (mb + 64) << 20
+}
+
+// roomToSave refuses to save rec's box (what names the act) when the
+// data directory has less free space than that may take. Running out
+// midway is worse than not starting: runsc 20221219 ends a sandbox whose
+// checkpoint meets a full disk (a soak lost 40 that way).
+func (m *Manager) roomToSave(rec *record, what string) error {
+	free, err := m.freeBytes(m.cfg.DataDir)
+	if err != nil {
+		return nil // the save itself will say
+	}
+	if need := saveRoom(rec); free < need {
+		return errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full: %d MiB free, and %s sandbox %s may take %d MiB; it runs on", free>>20, what, rec.Sandbox.ID, need>>20)
+	}
+	return nil
+}
+
+// freeSpace is what the filesystem holding dir has free for cubicled.
+func freeSpace(dir string) (int64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * st.Bsize, nil
+}
 
 // pauser returns the Pauser of a sandbox's backend, or why there is none.
 func (m *Manager) pauser(ctx context.Context, backend string) (driver.Pauser, error) {
@@ -71,6 +111,10 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, p driver.Pauser) (_
 	if s := e.rec.Sandbox.State; s != StateRunning {
 		m.mu.Unlock()
 		return Sandbox{}, false, errdefs.Conflict("sandbox %s is %s; only a running sandbox can be paused", id, s)
+	}
+	if err := m.roomToSave(e.rec, "pausing"); err != nil {
+		m.mu.Unlock()
+		return Sandbox{}, false, err
 	}
 	_ = m.transitionLocked(e, StatePausing) // running → pausing
 	box := e.box

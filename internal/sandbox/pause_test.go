@@ -250,6 +250,23 @@ func TestPauseRefused(t *testing.T) {
 			}
 		}
 	})
+	t.Run("data directory full", func(t *testing.T) {
+		a, _ := m.Create(ctx, CreateRequest{}, true)
+		defer m.Destroy(ctx, a.ID)
+		saved := d.savedCount()
+		m.freeBytes = func(string) (int64, error) { return 200 << 20, nil } // under gvisor's 256 MiB
+		defer func() { m.freeBytes = freeSpace }()
+		_, err := m.Pause(ctx, a.ID)
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "data directory is full: 200 MiB free") {
+			t.Errorf("pause on a full data directory: %v, want unavailable saying so", err)
+		}
+		if got, _ := m.Get(ctx, a.ID); got.State != StateRunning || d.savedCount() != saved {
+			t.Errorf("the refused pause left the sandbox %s, %d saved (want running, %d)", got.State, d.savedCount(), saved)
+		}
+		if _, err := m.Agent(ctx, a.ID); err != nil {
+			t.Errorf("the sandbox after a refused pause: %v", err)
+		}
+	})
 	a, _ := m.Create(ctx, CreateRequest{}, true)
 	tests := []struct {
 		name string

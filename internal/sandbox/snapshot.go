@@ -167,6 +167,10 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id, owner, name string, me
 		m.mu.Unlock()
 		return Snapshot{}, errdefs.New(errdefs.ErrQuota, "this API key already has %d snapshots, its limit; delete one first", n)
 	}
+	if err := m.roomToSave(&src, "snapshotting"); err != nil {
+		m.mu.Unlock()
+		return Snapshot{}, err
+	}
 	if metadata == nil {
 		metadata = map[string]string{}
 	}

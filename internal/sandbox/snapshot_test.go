@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -287,6 +288,12 @@ func TestSnapshotRefusals(t *testing.T) {
 		t.Errorf("a failed snapshot: %v", err)
 	}
 	nothingKept("a failed snapshot", 0)
+	m.freeBytes = func(string) (int64, error) { return 1 << 20, nil }
+	if _, err := m.CreateSnapshot(ctx, src.ID, "key-a", "", nil); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "data directory is full") {
+		t.Errorf("a snapshot on a full data directory: %v, want unavailable saying so", err)
+	}
+	nothingKept("a full data directory", 0)
+	m.freeBytes = freeSpace
 	sd.snapErr = fmt.Errorf("%w: the VM was started by a cubicled without pause", driver.ErrCannotCopy)
 	if _, err := m.CreateSnapshot(ctx, src.ID, "key-a", "", nil); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("a snapshot the driver cannot take of that box: %v, want conflict", err)

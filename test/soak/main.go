@@ -84,7 +84,8 @@ type soak struct {
 	current  map[int]string  // worker → its sandbox now
 	problems []string
 	// loopActions and loopInUse are each loop's screenshot+clicks and
-	// time spent using a sandbox, for the rate of the slowest one.
+	// time spent using a sandbox, for the rate of the slowest one; the
+	// time its sandbox spent pausing, paused and resuming is not use.
 	loopActions map[int]int
 	loopInUse   map[int]time.Duration
 	period      time.Duration // of a loop's screenshot+click
@@ -259,9 +260,9 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 		s.mu.Unlock()
 		s.add("sandboxes made", 1)
 		t0 = time.Now()
-		s.use(ctx, worker, sb.ID, s.session/2+rand.N(s.session))
+		paused := s.use(ctx, worker, sb.ID, s.session/2+rand.N(s.session))
 		s.mu.Lock()
-		s.loopInUse[worker] += time.Since(t0)
+		s.loopInUse[worker] += time.Since(t0) - paused
 		delete(s.current, worker)
 		s.mu.Unlock()
 		// Destroy always completes, whatever state the sandbox is in. An
@@ -283,8 +284,10 @@ func (s *soak) agentLoop(ctx context.Context, worker int) {
 }
 
 // use drives one sandbox, a screenshot and a click every s.period (an
-// exec every fifth time), until d has passed or it dies.
-func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) {
+// exec every fifth time, a pause and resume every pauseEvery times),
+// until d has passed or it dies, and returns the time its pauses and
+// resumes took.
+func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) (paused time.Duration) {
 	end := time.Now().Add(d)
 	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
 		tick := time.Now()
@@ -298,13 +301,17 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 		if err == nil {
 			err = s.timed("click", func() error { return s.c.Click(ctx, id, 100+rand.IntN(800), 100+rand.IntN(500)) })
 		}
+		pausing := false
 		if err == nil && i > 0 && i%pauseEvery == 0 && s.pauses {
 			// An agent's session paused while its user is away, and
 			// resumed: it must answer as before.
+			pausing = true
+			tp := time.Now()
 			err = s.timed("pause", func() error { _, err := s.c.Pause(ctx, id); return err })
 			if err == nil {
 				err = s.timed("resume", func() error { _, err := s.c.Resume(ctx, id, 0); return err })
 			}
+			paused += time.Since(tp)
 			if err == nil {
 				s.add("pause/resume cycles", 1)
 			}
@@ -322,10 +329,20 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			if ctx.Err() != nil {
 				return
 			}
-			if why := s.faults.explainRequest(id, tick, time.Now(), err); why != "" {
+			why := s.faults.explainRequest(id, tick, time.Now(), err)
+			if why == "" && pausing {
+				why = s.faults.explainPause(id, tick, time.Now(), err)
+			}
+			if why != "" {
 				s.add("errors explained: "+why, 1)
 			} else {
 				s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
+			}
+			if pausing && why == faultDaemonKill {
+				// The daemon died while it paused or resumed the
+				// sandbox, which may be paused now (the pause had saved
+				// it): as an agent whose daemon restarted, resume it.
+				s.resumeIfPaused(ctx, id)
 			}
 			if !noAnswer(err) && s.gone(worker, id, err) {
 				return
@@ -337,6 +354,29 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			s.mu.Unlock()
 		}
 		sleep(ctx, s.period-time.Since(tick))
+	}
+	return paused
+}
+
+// resumeIfPaused resumes sandbox id if it is paused, once cubicled
+// answers again (within a minute).
+func (s *soak) resumeIfPaused(ctx context.Context, id string) {
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for rctx.Err() == nil {
+		sb, err := s.c.Get(rctx, id)
+		switch {
+		case err != nil && noAnswer(err):
+			sleep(rctx, time.Second) // restarting
+			continue
+		case err != nil || sb.State != "paused":
+			return
+		}
+		if err := s.timed("resume", func() error { _, err := s.c.Resume(rctx, id, 0); return err }); err == nil {
+			s.add("sandboxes resumed after a kill of cubicled during their pause", 1)
+			return
+		}
+		sleep(rctx, time.Second)
 	}
 }
 

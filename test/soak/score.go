@@ -26,6 +26,11 @@ const (
 	faultKillInside  = "agent's processes killed inside the sandbox"
 	faultDiskFull    = "data dir full"
 	faultPoolEmpty   = "address pool exhausted"
+	// faultLostPausing is no fault of its own: a sandbox whose pause met
+	// the full data dir and ended (runsc ends a sandbox whose checkpoint
+	// fails; cubicled refuses a pause on a full disk, but the disk can
+	// fill while the checkpoint runs).
+	faultLostPausing = "data dir full during a pause"
 )
 
 // afterRestart is how long after cubicled answers again the requests that
@@ -132,12 +137,36 @@ func (f *faultLog) explainRequest(id string, t0, t1 time.Time, err error) string
 	return ""
 }
 
+// explainPause says which fault explains a pause or resume of sandbox
+// id that failed with err after running from t0 to t1, beyond what
+// explainRequest explains, or "". A full data dir explains a pause
+// refused for want of room, and one that met the full disk midway; the
+// sandbox that ended of the latter is marked lost to it (killed).
+func (f *faultLog) explainPause(id string, t0, t1 time.Time, err error) string {
+	for _, w := range f.overlapping(id, t0, t1) {
+		if w.kind != faultDiskFull {
+			continue
+		}
+		msg := err.Error()
+		switch {
+		case status(err) == http.StatusServiceUnavailable && strings.Contains(msg, "data directory is full"):
+			return w.kind
+		case strings.Contains(msg, "no space left on device"), client.IsConflict(err) && strings.Contains(msg, "stopped while the request ran"):
+			f.mu.Lock()
+			f.windows = append(f.windows, &window{kind: faultLostPausing, target: id, start: t0, end: t1})
+			f.mu.Unlock()
+			return faultLostPausing
+		}
+	}
+	return ""
+}
+
 // killed reports whether a fault killed sandbox id's runtime.
 func (f *faultLog) killed(id string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, w := range f.windows {
-		if w.kind == faultRuntimeKill && w.target == id {
+		if (w.kind == faultRuntimeKill || w.kind == faultLostPausing) && w.target == id {
 			return true
 		}
 	}

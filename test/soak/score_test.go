@@ -109,3 +109,41 @@ func TestRateProblem(t *testing.T) {
 		}
 	}
 }
+
+// TestExplainPause: a full data dir explains a pause refused for want of
+// room, and one that met the disk filling midway, whose sandbox is then
+// marked lost to it; outside the window, or failing otherwise, nothing
+// does.
+func TestExplainPause(t *testing.T) {
+	t0 := time.Now()
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	f := &faultLog{}
+	f.windows = append(f.windows, &window{kind: faultDiskFull, start: at(200), end: at(210)})
+	noRoom := apiErr(503, "unavailable", "cubicled's data directory is full: 3 MiB free, and pausing sandbox x may take 256 MiB; it runs on")
+	ended := apiErr(409, "conflict", "sandbox x stopped while the request ran (it is stopping)")
+	failed := apiErr(503, "unavailable", "pause sandbox x: runsc checkpoint: write urpc: no space left on device")
+	for _, tt := range []struct {
+		name     string
+		id       string
+		from, to int
+		err      error
+		want     string
+		lost     bool
+	}{
+		{"refused on a full disk", "a", 199, 201, noRoom, faultDiskFull, false},
+		{"refused for room, the disk not full", "b", 250, 251, noRoom, "", false},
+		{"ended by the disk filling midway", "c", 205, 209, ended, faultLostPausing, true},
+		{"failed for the disk filling midway", "d", 209, 212, failed, faultLostPausing, true},
+		{"ended with no full disk", "e", 300, 301, ended, "", false},
+		{"failed otherwise on a full disk", "f", 201, 202, errInternal, "", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := f.explainPause(tt.id, at(tt.from), at(tt.to), tt.err); got != tt.want {
+				t.Errorf("explainPause = %q, want %q", got, tt.want)
+			}
+			if got := f.killed(tt.id); got != tt.lost {
+				t.Errorf("killed(%s) = %v, want %v", tt.id, got, tt.lost)
+			}
+		})
+	}
+}

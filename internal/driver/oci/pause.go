@@ -147,9 +147,13 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		return thaw(err)
 	}
 	// The agent closed its listener and every connection before the
-	// answer's connection closed; the gofer's end of those goes on its
-	// own time.
-	time.Sleep(100 * time.Millisecond)
+	// answer's connection closed; the sandbox lets go of its ends of
+	// those on its own time (hostconn.go).
+	if err := b.waitLetGo(ctx, 10*time.Second); errors.Is(err, errNoGofer) {
+		time.Sleep(500 * time.Millisecond) // cannot watch: give it time
+	} else if err != nil {
+		return thaw(fmt.Errorf("%w: %v; the box runs on", driver.ErrNotPausableNow, err))
+	}
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return thaw(err)
 	}
