@@ -358,8 +358,12 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 	return paused
 }
 
-// resumeIfPaused resumes sandbox id if it is paused, once cubicled
-// answers again (within a minute).
+// resumeIfPaused waits, once cubicled answers again, until sandbox id is
+// running (within a minute): a kill of cubicled while it paused or
+// resumed the sandbox leaves it paused (the pause had saved it; it is
+// resumed here, as an agent would), resuming (the restarted daemon
+// finishes the resume itself) or gone (the checkpoint died with the
+// daemon and took the sandbox: lost to the fault).
 func (s *soak) resumeIfPaused(ctx context.Context, id string) {
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -369,14 +373,24 @@ func (s *soak) resumeIfPaused(ctx context.Context, id string) {
 		case err != nil && noAnswer(err):
 			sleep(rctx, time.Second) // restarting
 			continue
-		case err != nil || sb.State != "paused":
+		case err != nil:
 			return
 		}
-		if err := s.timed("resume", func() error { _, err := s.c.Resume(rctx, id, 0); return err }); err == nil {
-			s.add("sandboxes resumed after a kill of cubicled during their pause", 1)
+		switch sb.State {
+		case "paused":
+			if err := s.timed("resume", func() error { _, err := s.c.Resume(rctx, id, 0); return err }); err == nil {
+				s.add("sandboxes resumed after a kill of cubicled during their pause", 1)
+				return
+			}
+			sleep(rctx, time.Second)
+		case "pausing", "resuming":
+			sleep(rctx, 500*time.Millisecond)
+		case "stopping", "stopped", "failed":
+			s.faults.lose(id, faultKillPausing)
+			return
+		default:
 			return
 		}
-		sleep(rctx, time.Second)
 	}
 }
 

@@ -31,6 +31,11 @@ const (
 	// fails; cubicled refuses a pause on a full disk, but the disk can
 	// fill while the checkpoint runs).
 	faultLostPausing = "data dir full during a pause"
+	// faultKillPausing is no fault of its own either: a sandbox that a
+	// kill of cubicled cut in its pause and that did not survive (runsc's
+	// checkpoint, the daemon's child, died with it and took the sandbox;
+	// the crash test allows "gone without a trace").
+	faultKillPausing = "kill -9 of cubicled during a pause"
 )
 
 // afterRestart is how long after cubicled answers again the requests that
@@ -152,13 +157,19 @@ func (f *faultLog) explainPause(id string, t0, t1 time.Time, err error) string {
 		case status(err) == http.StatusServiceUnavailable && strings.Contains(msg, "data directory is full"):
 			return w.kind
 		case strings.Contains(msg, "no space left on device"), client.IsConflict(err) && strings.Contains(msg, "stopped while the request ran"):
-			f.mu.Lock()
-			f.windows = append(f.windows, &window{kind: faultLostPausing, target: id, start: t0, end: t1})
-			f.mu.Unlock()
+			f.lose(id, faultLostPausing)
 			return faultLostPausing
 		}
 	}
 	return ""
+}
+
+// lose records sandbox id as lost to kind, a fault's outcome (killed).
+func (f *faultLog) lose(id, kind string) {
+	now := time.Now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.windows = append(f.windows, &window{kind: kind, target: id, start: now, end: now})
 }
 
 // killed reports whether a fault killed sandbox id's runtime.
@@ -166,7 +177,7 @@ func (f *faultLog) killed(id string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, w := range f.windows {
-		if (w.kind == faultRuntimeKill || w.kind == faultLostPausing) && w.target == id {
+		if (w.kind == faultRuntimeKill || w.kind == faultLostPausing || w.kind == faultKillPausing) && w.target == id {
 			return true
 		}
 	}

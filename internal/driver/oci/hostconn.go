@@ -23,12 +23,13 @@ import (
 // (under load, more than the 100 ms the driver once waited: a soak lost
 // a box that way), so the driver watches them go in the gofer's table.
 
-// heldStreams counts the connected unix stream sockets in a
-// /proc/PID/net/unix table: the accepted connections to host sockets.
-// The listening socket (state 01) and the gofer's own channels to the
-// sandbox (seqpacket, type 0005) do not count. A line it cannot read is
-// an error: a misread table must not let a checkpoint that will fail go
-// ahead.
+// heldStreams counts the unix stream sockets in a /proc/PID/net/unix
+// table other than listening ones: the connections to host sockets,
+// accepted or still queued on the listener (a daemon request that dialled
+// just before the pause). The listening socket (flag __SO_ACCEPTCON,
+// 00010000) and the gofer's own channels to the sandbox (seqpacket, type
+// 0005) do not count. A line it cannot read is an error: a misread table
+// must not let a checkpoint that will fail go ahead.
 func heldStreams(table string) (int, error) {
 	n := 0
 	for i, line := range strings.Split(table, "\n") {
@@ -40,7 +41,7 @@ func heldStreams(table string) (int, error) {
 		if len(f) < 7 || !strings.HasSuffix(f[0], ":") || len(f[4]) != 4 || len(f[5]) != 2 {
 			return 0, fmt.Errorf("unix socket table line %d: %q", i+1, truncateLine(line))
 		}
-		if f[4] == "0001" && f[5] == "03" {
+		if f[4] == "0001" && f[3] != "00010000" {
 			n++
 		}
 	}
@@ -72,6 +73,9 @@ func (b *box) waitLetGo(ctx context.Context, bound time.Duration) error {
 	}
 	table := fmt.Sprintf("/proc/%d/net/unix", ps[0].Pid)
 	deadline := time.Now().Add(bound)
+	// None held three reads in a row, 20 ms apart: a connection the
+	// gofer accepts is in flight to the sandbox for a moment.
+	quiet := 0
 	for {
 		raw, err := os.ReadFile(table)
 		if err != nil {
@@ -81,10 +85,13 @@ func (b *box) waitLetGo(ctx context.Context, bound time.Duration) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", errNoGofer, err)
 		}
-		if n == 0 {
+		if quiet = quiet + 1; n > 0 {
+			quiet = 0
+		}
+		if quiet == 3 {
 			return nil
 		}
-		if time.Now().After(deadline) {
+		if n > 0 && time.Now().After(deadline) {
 			return fmt.Errorf("the sandbox still holds %d connection(s) to the agent's host socket after %s", n, bound)
 		}
 		select {

@@ -23,8 +23,10 @@ func TestHeldStreams(t *testing.T) {
 		{"two accepted connections", goferTable +
 			"00000000aaaaaaaa: 00000002 00000000 00000000 0001 03 2658100 /run/cubicle/agent.sock\n" +
 			"00000000bbbbbbbb: 00000002 00000000 00000000 0001 03 2658101\n", 2, false},
-		{"a connection being set up is not one yet", goferTable +
-			"00000000cccccccc: 00000002 00000000 00000000 0001 02 2658102\n", 0, false},
+		{"a connection queued on the listener counts", goferTable +
+			"00000000cccccccc: 00000002 00000000 00000000 0001 02 2658102\n", 1, false},
+		{"a second listener does not", goferTable +
+			"00000000eeeeeeee: 00000002 00000000 00010000 0001 01 2658103 /run/other.sock\n", 0, false},
 		{"header only", "Num       RefCount Protocol Flags    Type St Inode Path\n", 0, false},
 		{"empty", "", 0, false},
 		{"short line", goferTable + "0000: 00000002 0001\n", 0, true},
