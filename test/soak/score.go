@@ -85,7 +85,7 @@ func (f *faultLog) overlapping(id string, t0, t1 time.Time) []window {
 			continue
 		}
 		end := w.end
-		if w.kind == faultRuntimeKill {
+		if lostTo(w.kind) {
 			end = time.Time{} // a killed sandbox stays dead
 		}
 		if w.start.After(t1) || (!end.IsZero() && end.Before(t0)) {
@@ -133,7 +133,7 @@ func (f *faultLog) explainRequest(id string, t0, t1 time.Time, err error) string
 		switch {
 		case w.kind == faultDaemonKill && (noAnswer(err) || client.ErrorCode(err) == "unavailable"):
 			return w.kind
-		case w.kind == faultRuntimeKill, w.kind == faultKillInside:
+		case lostTo(w.kind), w.kind == faultKillInside:
 			// Aimed at this sandbox: whatever it answers while it dies
 			// or while its desktop comes back.
 			return w.kind
@@ -164,6 +164,12 @@ func (f *faultLog) explainPause(id string, t0, t1 time.Time, err error) string {
 	return ""
 }
 
+// lostTo reports whether a sandbox a window of kind is aimed at is lost
+// for good.
+func lostTo(kind string) bool {
+	return kind == faultRuntimeKill || kind == faultLostPausing || kind == faultKillPausing
+}
+
 // lose records sandbox id as lost to kind, a fault's outcome (killed).
 func (f *faultLog) lose(id, kind string) {
 	now := time.Now()
@@ -177,7 +183,7 @@ func (f *faultLog) killed(id string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, w := range f.windows {
-		if (w.kind == faultRuntimeKill || w.kind == faultLostPausing || w.kind == faultKillPausing) && w.target == id {
+		if lostTo(w.kind) && w.target == id {
 			return true
 		}
 	}

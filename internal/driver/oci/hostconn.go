@@ -6,31 +6,30 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
-
-	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
-// A gVisor box reaches the host's agent socket through runsc's gofer
-// (--host-uds): each connection the daemon opens is a unix stream socket
-// the gofer accepts in its own network namespace and hands to the
-// sandbox. runsc 20221219 cannot checkpoint a sandbox that still holds
-// one ("encoding error at object transport.connectionedEndpoint"), and
-// the failed checkpoint ends the sandbox. After the agent has let go of
-// its channel, the sandbox lets go of those sockets on its own time
-// (under load, more than the 100 ms the driver once waited: a soak lost
-// a box that way), so the driver watches them go in the gofer's table.
+// A gVisor box's agent listens on a host socket (--host-uds=create):
+// each connection the daemon opens to it is a host unix stream socket
+// that the sandbox (runsc's sentry process) holds. runsc 20221219 cannot
+// checkpoint a sandbox that still holds one ("encoding error at object
+// transport.connectionedEndpoint"), and the failed checkpoint ends the
+// sandbox. After the agent has let go of its channel the sentry closes
+// those sockets on its own time (under load, more than the 100 ms the
+// driver once waited: a soak lost boxes so), so the driver watches them
+// go. The server side of a unix connection lives in the network
+// namespace of the client that connected (the daemon's own), named with
+// the listener's address (the agent's socket path inside the sandbox).
 
-// heldStreams counts the unix stream sockets in a /proc/PID/net/unix
-// table other than listening ones: the connections to host sockets,
-// accepted or still queued on the listener (a daemon request that dialled
-// just before the pause). The listening socket (flag __SO_ACCEPTCON,
-// 00010000) and the gofer's own channels to the sandbox (seqpacket, type
-// 0005) do not count. A line it cannot read is an error: a misread table
+// agentConns counts, in the unix socket table of the daemon's network
+// namespace (/proc/self/net/unix), the stream sockets of the agent's
+// address that are not listening and whose inode is in held (the
+// sentry's sockets). A line it cannot read is an error: a misread table
 // must not let a checkpoint that will fail go ahead.
-func heldStreams(table string) (int, error) {
+func agentConns(table string, held map[uint64]bool) (int, error) {
+	want := filepath.Join(RunDir, "agent.sock")
 	n := 0
 	for i, line := range strings.Split(table, "\n") {
 		f := strings.Fields(line)
@@ -38,10 +37,14 @@ func heldStreams(table string) (int, error) {
 			continue
 		}
 		// Num RefCount Protocol Flags Type St Inode [Path]
-		if len(f) < 7 || !strings.HasSuffix(f[0], ":") || len(f[4]) != 4 || len(f[5]) != 2 {
+		if len(f) < 7 || !strings.HasSuffix(f[0], ":") || len(f[3]) != 8 || len(f[4]) != 4 || len(f[5]) != 2 {
 			return 0, fmt.Errorf("unix socket table line %d: %q", i+1, truncateLine(line))
 		}
-		if f[4] == "0001" && f[3] != "00010000" {
+		ino, err := strconv.ParseUint(f[6], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("unix socket table line %d: inode %q", i+1, f[6])
+		}
+		if f[4] == "0001" && f[3] != "00010000" && len(f) > 7 && f[7] == want && held[ino] {
 			n++
 		}
 	}
@@ -55,35 +58,48 @@ func truncateLine(s string) string {
 	return s
 }
 
-// gofers returns the runsc gofer processes of the box whose bundle is
-// bundle.
-func gofers(bundle string) ([]procwatch.Process, error) {
-	return procwatch.FindOwn(func(argv []string) bool {
-		return slices.Contains(argv, "gofer") && slices.Contains(argv, bundle)
-	})
+// socketInodes returns the inodes of the sockets process pid holds.
+func socketInodes(pid int) (map[uint64]bool, error) {
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[uint64]bool{}
+	for _, e := range ents {
+		link, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if s, ok := strings.CutPrefix(link, "socket:["); ok {
+			if ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64); err == nil {
+				out[ino] = true
+			}
+		}
+	}
+	return out, nil
 }
 
-// waitLetGo waits until the sandbox of b holds no connection to a host
-// socket, for at most bound. It answers errNoGofer when it cannot tell
-// (no gofer found, or its table unreadable).
+// waitLetGo waits until the sandbox of b holds no connection to its
+// agent's host socket, for at most bound. It answers errCannotWatch when
+// it cannot tell.
 func (b *box) waitLetGo(ctx context.Context, bound time.Duration) error {
-	ps, err := gofers(filepath.Join(b.data.Dir, "bundle"))
-	if err != nil || len(ps) != 1 {
-		return fmt.Errorf("%w (%d found: %v)", errNoGofer, len(ps), err)
-	}
-	table := fmt.Sprintf("/proc/%d/net/unix", ps[0].Pid)
 	deadline := time.Now().Add(bound)
-	// None held three reads in a row, 20 ms apart: a connection the
-	// gofer accepts is in flight to the sandbox for a moment.
+	// None held three reads in a row, 20 ms apart: a connection being
+	// accepted is in flight to the sandbox for a moment.
 	quiet := 0
 	for {
-		raw, err := os.ReadFile(table)
+		held, err := socketInodes(b.data.Pid)
 		if err != nil {
-			return fmt.Errorf("%w: %v", errNoGofer, err)
+			return fmt.Errorf("%w: %v", errCannotWatch, err)
 		}
-		n, err := heldStreams(string(raw))
+		raw, err := os.ReadFile("/proc/self/net/unix")
 		if err != nil {
-			return fmt.Errorf("%w: %v", errNoGofer, err)
+			return fmt.Errorf("%w: %v", errCannotWatch, err)
+		}
+		n, err := agentConns(string(raw), held)
+		if err != nil {
+			return fmt.Errorf("%w: %v", errCannotWatch, err)
 		}
 		if quiet = quiet + 1; n > 0 {
 			quiet = 0
@@ -104,6 +120,6 @@ func (b *box) waitLetGo(ctx context.Context, bound time.Duration) error {
 	}
 }
 
-// errNoGofer says that waitLetGo could not watch the sandbox's
+// errCannotWatch says that waitLetGo could not watch the sandbox's
 // connections.
-var errNoGofer = errors.New("cannot read the gofer's unix socket table")
+var errCannotWatch = errors.New("cannot read the sandbox's sockets")
