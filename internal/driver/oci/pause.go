@@ -157,7 +157,7 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return thaw(err)
 	}
-	if err := d.checkpoint(ctx, id, img); err != nil {
+	if _, err := d.output(ctx, "checkpoint", "--image-path", img, id); err != nil {
 		return thaw(err)
 	}
 	// The checkpoint ended the sandbox; delete what the runtime keeps of
@@ -178,36 +178,6 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	data := b.data
 	data.Paused, data.Pid = true, 0
 	return driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(dir)}, nil
-}
-
-// checkpoint runs `runsc checkpoint` of box id into img so that it
-// outlives the daemon: in a session of its own, its output going to a
-// file rather than to the daemon's pipes. A daemon killed midway took a
-// checkpoint that wrote to it along, and with it the sandbox (a soak
-// lost sandboxes so); now the checkpoint ends on its own, and Settle, at
-// the next start, waits for it and finds the box paused or running.
-func (d *Driver) checkpoint(ctx context.Context, id, img string) error {
-	logPath := img + ".log"
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(logPath)
-	args := []string{"checkpoint", "--image-path", img, id}
-	// Not the caller's context: a checkpoint cut short ends the sandbox.
-	// Only one that hangs is ended.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
-	defer cancel()
-	cmd := d.command(cctx, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Run()
-	f.Close()
-	if err != nil {
-		out, _ := os.ReadFile(logPath)
-		return fmt.Errorf("%s %s: %w: %s", d.cfg.Runtime, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
-	}
-	return nil
 }
 
 // checkpointable checks, before anything is done, what runsc 20221219
