@@ -329,9 +329,15 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			if ctx.Err() != nil {
 				return
 			}
-			why := s.faults.explainRequest(id, tick, time.Now(), err)
-			if why == "" && pausing {
+			// A pause's own explanation first: it also records a
+			// sandbox lost to the fault (another fault aimed at the
+			// sandbox may explain the error, but not the loss).
+			why := ""
+			if pausing {
 				why = s.faults.explainPause(id, tick, time.Now(), err)
+			}
+			if why == "" {
+				why = s.faults.explainRequest(id, tick, time.Now(), err)
 			}
 			if why != "" {
 				s.add("errors explained: "+why, 1)

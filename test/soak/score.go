@@ -146,13 +146,19 @@ func (f *faultLog) explainRequest(id string, t0, t1 time.Time, err error) string
 // id that failed with err after running from t0 to t1, beyond what
 // explainRequest explains, or "". A full data dir explains a pause
 // refused for want of room, and one that met the full disk midway; the
-// sandbox that ended of the latter is marked lost to it (killed).
+// sandbox that ended of the latter is marked lost to it (killed). A kill
+// of cubicled explains the sandbox being found paused, pausing or
+// resuming by the restarted daemon.
 func (f *faultLog) explainPause(id string, t0, t1 time.Time, err error) string {
 	for _, w := range f.overlapping(id, t0, t1) {
+		msg := err.Error()
+		if w.kind == faultDaemonKill && client.IsConflict(err) &&
+			(strings.Contains(msg, "is paused, not running") || strings.Contains(msg, "is pausing") || strings.Contains(msg, "is resuming")) {
+			return w.kind
+		}
 		if w.kind != faultDiskFull {
 			continue
 		}
-		msg := err.Error()
 		switch {
 		case status(err) == http.StatusServiceUnavailable && strings.Contains(msg, "data directory is full"):
 			return w.kind

@@ -118,7 +118,9 @@ func TestExplainPause(t *testing.T) {
 	t0 := time.Now()
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 	f := &faultLog{}
-	f.windows = append(f.windows, &window{kind: faultDiskFull, start: at(200), end: at(210)})
+	f.windows = append(f.windows, &window{kind: faultDiskFull, start: at(200), end: at(210)},
+		&window{kind: faultDaemonKill, start: at(400), end: at(410)})
+	foundPaused := apiErr(409, "conflict", "sandbox x is paused, not running")
 	noRoom := apiErr(503, "unavailable", "cubicled's data directory is full: 3 MiB free, and pausing sandbox x may take 256 MiB; it runs on")
 	ended := apiErr(409, "conflict", "sandbox x stopped while the request ran (it is stopping)")
 	failed := apiErr(503, "unavailable", "pause sandbox x: runsc checkpoint: write urpc: no space left on device")
@@ -136,6 +138,8 @@ func TestExplainPause(t *testing.T) {
 		{"failed for the disk filling midway", "d", 209, 212, failed, faultLostPausing, true},
 		{"ended with no full disk", "e", 300, 301, ended, "", false},
 		{"failed otherwise on a full disk", "f", 201, 202, errInternal, "", false},
+		{"found paused after a kill of cubicled", "g", 405, 406, foundPaused, faultDaemonKill, false},
+		{"found paused, no kill", "h", 500, 501, foundPaused, "", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := f.explainPause(tt.id, at(tt.from), at(tt.to), tt.err); got != tt.want {
