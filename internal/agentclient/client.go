@@ -7,6 +7,7 @@ package agentclient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -131,7 +132,21 @@ func statusError(resp *http.Response) error {
 		return nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	return &StatusError{Code: resp.StatusCode, Message: string(msg)}
+	return &StatusError{Code: resp.StatusCode, Message: errorText(msg)}
+}
+
+// errorText is the message of an error answer of the agent: the agent's
+// file endpoints answer {"code", "message"}, whose message is the words
+// for a caller (an error body that showed the JSON itself was reported by
+// the Python SDK's suite); anything else is kept as it came.
+func errorText(body []byte) string {
+	var e struct {
+		Message *string `json:"message"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Message != nil {
+		return *e.Message
+	}
+	return string(body)
 }
 
 // CheckpointPath is the agent's endpoint that readies a box whose
