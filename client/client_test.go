@@ -361,6 +361,12 @@ func TestActions(t *testing.T) {
 	if !strings.HasPrefix(err.Error(), "action 1: ") {
 		t.Errorf("Error() = %q, want action index prefix", err.Error())
 	}
+	// The daemon's own messages name the action already: once is enough.
+	i := 2
+	named := &APIError{Status: 400, Code: CodeInvalidArgument, Message: "action 2: point outside the screen", Index: &i}
+	if got := named.Error(); got != "action 2: point outside the screen (invalid_argument, HTTP 400)" {
+		t.Errorf("Error() = %q", got)
+	}
 }
 
 func TestExec(t *testing.T) {

@@ -43,6 +43,10 @@ type APIError struct {
 	// Index is, for a failed Actions call, the position of the action that
 	// failed; the ones before it ran. Nil otherwise.
 	Index *int
+	// Body is the error answer as the daemon sent it. The vendor
+	// computer-use endpoints put there, beside "error", the tool_result
+	// that tells the model what went wrong (ComputerAnthropic).
+	Body json.RawMessage
 
 	retryAfter time.Duration
 }
@@ -51,7 +55,8 @@ type APIError struct {
 // "sandbox abc not found (not_found, HTTP 404)".
 func (e *APIError) Error() string {
 	var b strings.Builder
-	if e.Index != nil {
+	// The daemon's messages of failed actions already name the action.
+	if e.Index != nil && !strings.HasPrefix(e.Message, fmt.Sprintf("action %d", *e.Index)) {
 		fmt.Fprintf(&b, "action %d: ", *e.Index)
 	}
 	msg := e.Message
@@ -80,6 +85,9 @@ type errorBody struct {
 func parseAPIError(resp *http.Response, body []byte) *APIError {
 	e := &APIError{Status: resp.StatusCode, retryAfter: parseRetryAfter(resp.Header.Get("Retry-After"))}
 	var eb errorBody
+	if json.Valid(body) {
+		e.Body = append(json.RawMessage(nil), body...)
+	}
 	if json.Unmarshal(body, &eb) == nil && eb.Error != nil {
 		e.Code, e.Message = eb.Error.Code, eb.Error.Message
 		e.Index = eb.Error.Index
