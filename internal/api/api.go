@@ -254,6 +254,8 @@ func (s *server) routes() []route {
 
 		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot, agent: true},
 		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions, agent: true},
+		{pattern: "POST /v1/sandboxes/{id}/computer/anthropic", handler: s.computerAnthropic, agent: true},
+		{pattern: "POST /v1/sandboxes/{id}/computer/openai", handler: s.computerOpenAI, agent: true},
 
 		{pattern: "POST /v1/sandboxes/{id}/exec", handler: s.exec, agent: true},
 		{pattern: "PUT /v1/sandboxes/{id}/files", handler: s.putFile, agent: true},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/action"
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/computer"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/strictjson"
@@ -66,6 +68,10 @@ type errorBody struct {
 	Error apiError `json:"error"`
 	// Results are the results of the actions before the failing one.
 	Results []map[string]any `json:"results,omitempty"`
+	// ToolResult and ToolResults answer the tool uses of a request to
+	// Anthropic's computer tool as errors, ready to send back to the model.
+	ToolResult  *computer.AnthropicResult  `json:"tool_result,omitempty"`
+	ToolResults []computer.AnthropicResult `json:"tool_results,omitempty"`
 }
 
 // httpError is an error decided in this package: status, code and a message
@@ -127,6 +133,29 @@ func classify(err error) *httpError {
 	if errors.As(err, &ae) {
 		i := ae.Index
 		return &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: ae.Error(), index: &i}
+	}
+	var re *computer.RequestError
+	if errors.As(err, &re) {
+		he := &httpError{status: http.StatusBadRequest, code: codeInvalid, msg: re.Msg}
+		if re.Index >= 0 {
+			i := re.Index
+			he.index = &i
+		}
+		return he
+	}
+	var fl *computer.Failure
+	if errors.As(err, &fl) {
+		i := fl.Index
+		switch fl.Code {
+		case computer.CodeInvalid:
+			return &httpError{status: http.StatusBadRequest, code: codeInvalid, index: &i,
+				msg: "action " + strconv.Itoa(i) + ": " + orDefault(fl.Message, "invalid action")}
+		case computer.CodeUnavailable:
+			return &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, index: &i,
+				msg: "action " + strconv.Itoa(i) + ": the desktop is restarting; retry"}
+		}
+		return &httpError{status: http.StatusInternalServerError, code: codeInternal, index: &i,
+			msg: "action " + strconv.Itoa(i) + " failed: internal error"}
 	}
 	for _, k := range kinds {
 		if errors.Is(err, k.kind) {
@@ -257,6 +286,11 @@ func (s *server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // writeErrorResults is writeError with the results of the actions that ran
 // before a failing one.
 func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err error, results []map[string]any) {
+	s.writeErrorBody(w, r, err, errorBody{Results: results})
+}
+
+// writeErrorBody writes err's answer with the other fields of body.
+func (s *server) writeErrorBody(w http.ResponseWriter, r *http.Request, err error, body errorBody) {
 	he := classify(err)
 	if he.status == statusClientClosed && r.Context().Err() == nil {
 		// Canceled, but not by this client: the agent's stream was cut
@@ -289,8 +323,6 @@ func (s *server) writeErrorResults(w http.ResponseWriter, r *http.Request, err e
 	if he.status >= 500 {
 		s.logInternal(r, "request failed", err)
 	}
-	writeJSON(w, he.status, errorBody{
-		Error:   apiError{Code: he.code, Message: he.msg, Index: he.index},
-		Results: results,
-	})
+	body.Error = apiError{Code: he.code, Message: he.msg, Index: he.index}
+	writeJSON(w, he.status, body)
 }
