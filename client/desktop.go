@@ -30,6 +30,10 @@ type ScreenshotOptions struct {
 	Region *Region
 	// Cursor draws the mouse pointer.
 	Cursor bool
+	// SettleMS waits, before the capture, until the screen has had no
+	// change for this long (the page has painted), but at most
+	// SettleMaxMS (default 2000; both at most 10000).
+	SettleMS, SettleMaxMS int
 }
 
 func (o ScreenshotOptions) query() url.Values {
@@ -54,6 +58,12 @@ func (o ScreenshotOptions) query() url.Values {
 	}
 	if o.Cursor {
 		q.Set("cursor", "true")
+	}
+	if o.SettleMS != 0 {
+		q.Set("settle_ms", strconv.Itoa(o.SettleMS))
+	}
+	if o.SettleMaxMS != 0 {
+		q.Set("settle_max_ms", strconv.Itoa(o.SettleMaxMS))
 	}
 	return q
 }
@@ -156,6 +166,10 @@ type Action struct {
 	W       int     `json:"w,omitempty"`
 	H       int     `json:"h,omitempty"`
 	Cursor  bool    `json:"cursor,omitempty"`
+	// SettleMS and SettleMaxMS make a screenshot wait for a still screen
+	// (see ScreenshotOptions).
+	SettleMS    int `json:"settle_ms,omitempty"`
+	SettleMaxMS int `json:"settle_max_ms,omitempty"`
 }
 
 func at(x, y int) (*int, *int) { return &x, &y }
@@ -244,6 +258,10 @@ type ActionResult struct {
 	Format  string   `json:"format,omitempty"`
 	Data    []byte   `json:"data,omitempty"`
 	Windows []Window `json:"windows,omitempty"`
+	// Settled and SettleWaitMS report, for a screenshot that asked to
+	// settle, whether the screen went still in time and how long it took.
+	Settled      *bool `json:"settled,omitempty"`
+	SettleWaitMS int   `json:"settle_wait_ms,omitempty"`
 }
 
 // ActionsResponse is the answer to Actions: one result per action, in

@@ -49,6 +49,10 @@ const (
 	ButtonLeft   = "left"
 	ButtonRight  = "right"
 	ButtonMiddle = "middle"
+	// ButtonBack and ButtonForward are the side buttons of a mouse (X
+	// buttons 8 and 9), which browsers take as history back and forward.
+	ButtonBack    = "back"
+	ButtonForward = "forward"
 
 	DirectionUp    = "up"
 	DirectionDown  = "down"
@@ -71,6 +75,8 @@ const (
 	MaxDurationMS      = 60000    // wait and hold_key duration
 	MaxCoord           = 32767    // X11 coordinates are int16
 	DefaultJPEGQuality = 80
+	MaxSettleMS        = 10000 // settle_ms and settle_max_ms of a screenshot
+	DefaultSettleMaxMS = 2000  // settle_max_ms when settle_ms is given alone
 )
 
 // Action is one step of computer use. Which fields apply depends on Type (see
@@ -78,8 +84,11 @@ const (
 //
 // For a screenshot action X, Y, W and H are the optional capture region (X and
 // Y default to 0; W and H must be given together), and Format, Quality, Scale,
-// Width and Cursor are the options of GET /screenshot. For every other type X
-// and Y are the pointer position.
+// Width and Cursor are the options of GET /screenshot. SettleMS asks the
+// screenshot to wait until the screen has been quiet (no X damage) for that
+// many milliseconds, counted from the later of the action's start and the
+// last change on the screen, but no longer than SettleMaxMS in all. For
+// every other type X and Y are the pointer position.
 type Action struct {
 	Type       string   `json:"type"`
 	X          *int     `json:"x,omitempty"`
@@ -102,6 +111,9 @@ type Action struct {
 	W       int     `json:"w,omitempty"`
 	H       int     `json:"h,omitempty"`
 	Cursor  bool    `json:"cursor,omitempty"`
+
+	SettleMS    int `json:"settle_ms,omitempty"`
+	SettleMaxMS int `json:"settle_max_ms,omitempty"`
 }
 
 // Error is a validation error: the request is wrong, not the desktop. Index
@@ -124,8 +136,10 @@ func errorf(format string, args ...any) *Error {
 // It is strict: unknown fields, unknown types, fields the type does not use,
 // missing required fields and out-of-range values are errors of type *Error.
 // Defaults are filled in (button "left", count 1/2/3 for click, double_click
-// and triple_click, scroll amount 1, screenshot format "png"). Coordinates are
-// checked only against X11's limits; Validate checks them against a screen.
+// and triple_click, scroll amount 1, screenshot format "png", and for a
+// screenshot with settle_ms, settle_max_ms 2000 or settle_ms if more).
+// Coordinates are checked only against X11's limits; Validate checks them
+// against a screen.
 func Parse(body []byte) ([]Action, error) {
 	if bytes.Equal(bytes.TrimSpace(body), []byte("null")) {
 		return nil, &Error{Msg: "request body must be a JSON object, not null"}
@@ -204,10 +218,13 @@ const (
 	fW
 	fH
 	fCursor
+	fSettle
+	fSettleMax
 )
 
 var fieldNames = []string{"x", "y", "button", "count", "path", "direction", "amount", "text",
-	"delay_ms", "keys", "duration_ms", "format", "quality", "scale", "width", "w", "h", "cursor"}
+	"delay_ms", "keys", "duration_ms", "format", "quality", "scale", "width", "w", "h", "cursor",
+	"settle_ms", "settle_max_ms"}
 
 func (a *Action) fields() fieldSet {
 	var s fieldSet
@@ -234,10 +251,12 @@ func (a *Action) fields() fieldSet {
 	set(a.W != 0, fW)
 	set(a.H != 0, fH)
 	set(a.Cursor, fCursor)
+	set(a.SettleMS != 0, fSettle)
+	set(a.SettleMaxMS != 0, fSettleMax)
 	return s
 }
 
-const fScreenshot = fX | fY | fW | fH | fFormat | fQuality | fScale | fWidth | fCursor
+const fScreenshot = fX | fY | fW | fH | fFormat | fQuality | fScale | fWidth | fCursor | fSettle | fSettleMax
 
 // allowed lists the fields each type may set.
 var allowed = map[string]fieldSet{
@@ -375,9 +394,9 @@ func normalizeButton(a *Action) *Error {
 	switch a.Button {
 	case "":
 		a.Button = ButtonLeft
-	case ButtonLeft, ButtonRight, ButtonMiddle:
+	case ButtonLeft, ButtonRight, ButtonMiddle, ButtonBack, ButtonForward:
 	default:
-		return errorf("button must be left, right or middle, not %q", a.Button)
+		return errorf("button must be left, right, middle, back or forward, not %q", a.Button)
 	}
 	return nil
 }
@@ -437,6 +456,18 @@ func normalizeScreenshot(a *Action) *Error {
 	}
 	if a.W < 0 || a.H < 0 || a.W > MaxCoord || a.H > MaxCoord {
 		return errorf("region size %dx%d is out of range", a.W, a.H)
+	}
+	if a.SettleMS < 0 || a.SettleMS > MaxSettleMS {
+		return errorf("settle_ms must be 0..%d, not %d", MaxSettleMS, a.SettleMS)
+	}
+	if a.SettleMaxMS != 0 && a.SettleMS == 0 {
+		return errorf("settle_max_ms needs settle_ms")
+	}
+	if a.SettleMS != 0 && a.SettleMaxMS == 0 {
+		a.SettleMaxMS = max(DefaultSettleMaxMS, a.SettleMS)
+	}
+	if a.SettleMaxMS != 0 && (a.SettleMaxMS < a.SettleMS || a.SettleMaxMS > MaxSettleMS) {
+		return errorf("settle_max_ms must be %d..%d (at least settle_ms), not %d", a.SettleMS, MaxSettleMS, a.SettleMaxMS)
 	}
 	if a.W != 0 {
 		// The region's corner defaults to the screen's origin; spell it

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 )
@@ -35,6 +36,20 @@ func TestParse(t *testing.T) {
 		{"screenshot default", `{"type":"screenshot"}`, []Action{{Type: "screenshot", Format: "png"}}},
 		{"screenshot region", `{"type":"screenshot","format":"jpg","quality":50,"x":1,"y":2,"w":30,"h":40,"width":10,"cursor":true}`,
 			[]Action{{Type: "screenshot", Format: "jpeg", Quality: 50, X: ip(1), Y: ip(2), W: 30, H: 40, Width: 10, Cursor: true}}},
+		{"click back", `{"type":"click","button":"back"}`, []Action{{Type: "click", Button: "back", Count: 1}}},
+		{"mouse down forward", `{"type":"mouse_down","x":3,"y":4,"button":"forward"}`,
+			[]Action{{Type: "mouse_down", X: ip(3), Y: ip(4), Button: "forward"}}},
+		{"mouse up back", `{"type":"mouse_up","button":"back"}`, []Action{{Type: "mouse_up", Button: "back"}}},
+		{"drag forward", `{"type":"drag","path":[[0,0],[5,6]],"button":"forward"}`,
+			[]Action{{Type: "drag", Button: "forward", Path: [][2]int{{0, 0}, {5, 6}}}}},
+		{"screenshot settle default max", `{"type":"screenshot","settle_ms":250}`,
+			[]Action{{Type: "screenshot", Format: "png", SettleMS: 250, SettleMaxMS: DefaultSettleMaxMS}}},
+		{"screenshot settle long", `{"type":"screenshot","settle_ms":3000}`,
+			[]Action{{Type: "screenshot", Format: "png", SettleMS: 3000, SettleMaxMS: 3000}}},
+		{"screenshot settle max", `{"type":"screenshot","settle_ms":300,"settle_max_ms":10000}`,
+			[]Action{{Type: "screenshot", Format: "png", SettleMS: 300, SettleMaxMS: 10000}}},
+		{"screenshot settle equal", `{"type":"screenshot","settle_ms":10000,"settle_max_ms":10000}`,
+			[]Action{{Type: "screenshot", Format: "png", SettleMS: 10000, SettleMaxMS: 10000}}},
 		{"list", `{"actions":[{"type":"cursor_position"},{"type":"screen_size"},{"type":"windows"}]}`,
 			[]Action{{Type: "cursor_position"}, {Type: "screen_size"}, {Type: "windows"}}},
 	}
@@ -99,6 +114,18 @@ func TestParseErrors(t *testing.T) {
 		{"screenshot both", `{"type":"screenshot","scale":0.5,"width":100}`, 0, "not both"},
 		{"screenshot half region", `{"type":"screenshot","w":5}`, 0, "w and h"},
 		{"screenshot xy only", `{"type":"screenshot","x":5,"y":5}`, 0, "w and h"},
+		{"back on scroll", `{"type":"scroll","direction":"up","button":"back"}`, 0, `"button" is not used by scroll`},
+		{"button number", `{"type":"click","button":"8"}`, 0, "back or forward"},
+		{"settle on click", `{"type":"click","settle_ms":200}`, 0, `"settle_ms" is not used by click`},
+		{"settle on wait", `{"type":"wait","duration_ms":5,"settle_ms":200}`, 0, `"settle_ms" is not used by wait`},
+		{"settle max on move", `{"type":"move","x":1,"y":1,"settle_max_ms":200}`, 0, `"settle_max_ms" is not used by move`},
+		{"settle negative", `{"type":"screenshot","settle_ms":-1}`, 0, "settle_ms must be 0..10000"},
+		{"settle too long", `{"type":"screenshot","settle_ms":10001}`, 0, "settle_ms must be 0..10000"},
+		{"settle float", `{"type":"screenshot","settle_ms":1.5}`, 0, "wrong type"},
+		{"settle max alone", `{"type":"screenshot","settle_max_ms":500}`, 0, "needs settle_ms"},
+		{"settle max short", `{"type":"screenshot","settle_ms":500,"settle_max_ms":499}`, 0, "settle_max_ms must be"},
+		{"settle max too long", `{"type":"screenshot","settle_ms":500,"settle_max_ms":10001}`, 0, "settle_max_ms must be"},
+		{"settle max negative", `{"type":"screenshot","settle_ms":500,"settle_max_ms":-5}`, 0, "settle_max_ms must be"},
 		{"list index", `{"actions":[{"type":"wait","duration_ms":1},{"type":"nope"}]}`, 1, "unknown action type"},
 		{"list extra", `{"actions":[],"type":"wait"}`, 0, "no other fields"},
 		{"list empty", `{"actions":[]}`, 0, "empty"},
@@ -254,6 +281,10 @@ func TestProtoRoundTrip(t *testing.T) {
 		`{"type":"hold_key","keys":["ctrl","a"],"duration_ms":50}`,
 		`{"type":"screenshot","format":"jpeg","quality":50,"x":1,"y":2,"w":30,"h":40,"scale":0.5,"cursor":true}`,
 		`{"type":"screenshot","width":300}`,
+		`{"type":"screenshot","settle_ms":250,"settle_max_ms":4000}`,
+		`{"type":"screenshot","settle_ms":250}`,
+		`{"type":"click","button":"back"}`,
+		`{"type":"mouse_up","button":"forward"}`,
 		`{"type":"windows"}`,
 	}
 	for _, body := range bodies {
@@ -302,7 +333,22 @@ func TestScreenshotFromQuery(t *testing.T) {
 	if err != nil || a.Screenshot() != (ScreenshotOptions{Format: "png", Quality: DefaultJPEGQuality}) {
 		t.Errorf("empty query = %+v, %v", a.Screenshot(), err)
 	}
-	for _, bad := range []string{"format=bmp", "quality=x", "zoom=2", "w=5", "x=1&x=2", "cursor=maybe", "scale=0.01"} {
+	q, _ = url.ParseQuery("settle_ms=250&settle_max_ms=3000&format=png")
+	a, err = ScreenshotFromQuery(q)
+	wantSettle := ScreenshotOptions{Format: "png", Quality: DefaultJPEGQuality, Settle: 250 * time.Millisecond, SettleMax: 3 * time.Second}
+	if err != nil || a.Screenshot() != wantSettle {
+		t.Errorf("settle query = %+v, %v; want %+v", a.Screenshot(), err, wantSettle)
+	}
+	if r := ScreenshotRequest(a); r.GetSettleMs() != 250 || r.GetSettleMaxMs() != 3000 {
+		t.Errorf("ScreenshotRequest(settle) = %v", r)
+	}
+	q, _ = url.ParseQuery("settle_ms=300")
+	if a, err := ScreenshotFromQuery(q); err != nil || a.SettleMaxMS != DefaultSettleMaxMS || a.Screenshot().SettleMax != 2*time.Second {
+		t.Errorf("settle_ms alone = %+v, %v; want settle_max_ms %d", a, err, DefaultSettleMaxMS)
+	}
+	for _, bad := range []string{"format=bmp", "quality=x", "zoom=2", "w=5", "x=1&x=2", "cursor=maybe", "scale=0.01",
+		"settle_ms=x", "settle_ms=-1", "settle_ms=10001", "settle_max_ms=100", "settle_ms=500&settle_max_ms=400",
+		"settle_ms=500&settle_max_ms=20000", "settle_ms=1&settle_ms=2"} {
 		q, _ := url.ParseQuery(bad)
 		if _, err := ScreenshotFromQuery(q); err == nil {
 			t.Errorf("ScreenshotFromQuery(%s) succeeded", bad)

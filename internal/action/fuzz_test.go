@@ -18,6 +18,10 @@ func FuzzParse(f *testing.F) {
 		`{"type":"scroll","direction":"down","amount":3}`,
 		`{"actions":[null]}`,
 		`{"type":"wait","duration_ms":1e3}`,
+		`{"type":"screenshot","settle_ms":250,"settle_max_ms":3000}`,
+		`{"type":"screenshot","settle_ms":9000}`,
+		`{"type":"click","button":"back"}`,
+		`{"type":"drag","path":[[0,0],[5,6]],"button":"forward"}`,
 	} {
 		f.Add([]byte(s))
 	}

@@ -48,6 +48,9 @@ func ScreenshotRequest(a Action) *desktop.ScreenshotRequest {
 		Scale:   a.Scale,
 		Width:   uint32(max(a.Width, 0)),
 		Cursor:  a.Cursor,
+
+		SettleMs:    uint32(max(a.SettleMS, 0)),
+		SettleMaxMs: uint32(max(a.SettleMaxMS, 0)),
 	}
 	if a.W != 0 || a.H != 0 || a.X != nil || a.Y != nil {
 		r.Region = &desktop.Region{X: int32(deref(a.X)), Y: int32(deref(a.Y)), W: int32(a.W), H: int32(a.H)}
@@ -107,6 +110,8 @@ func setScreenshot(a *Action, s *desktop.ScreenshotRequest) {
 	a.Scale = s.GetScale()
 	a.Width = int(s.GetWidth())
 	a.Cursor = s.GetCursor()
+	a.SettleMS = int(s.GetSettleMs())
+	a.SettleMaxMS = int(s.GetSettleMaxMs())
 	if r := s.GetRegion(); r != nil {
 		x, y := int(r.GetX()), int(r.GetY())
 		a.X, a.Y = &x, &y

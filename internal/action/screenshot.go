@@ -5,6 +5,7 @@ import (
 	"image"
 	"net/url"
 	"strconv"
+	"time"
 )
 
 // ScreenshotOptions are the options of a screenshot in the form the agent
@@ -16,6 +17,13 @@ type ScreenshotOptions struct {
 	Width   int             // target width keeping aspect, 0 = none
 	Region  image.Rectangle // empty = the whole screen
 	Cursor  bool            // draw the pointer
+
+	// Settle, when not 0, makes the screenshot wait until the screen has
+	// had no damage for this long, counted from the later of the start of
+	// the screenshot and the last damage, but for no more than SettleMax
+	// in all.
+	Settle    time.Duration
+	SettleMax time.Duration
 }
 
 // Screenshot returns the screenshot options of a normalized screenshot
@@ -27,6 +35,10 @@ func (a Action) Screenshot() ScreenshotOptions {
 		Scale:   a.Scale,
 		Width:   a.Width,
 		Cursor:  a.Cursor,
+	}
+	if a.SettleMS > 0 {
+		o.Settle = time.Duration(a.SettleMS) * time.Millisecond
+		o.SettleMax = time.Duration(max(a.SettleMaxMS, a.SettleMS)) * time.Millisecond
 	}
 	if o.Format == "" {
 		o.Format = FormatPNG
@@ -42,8 +54,9 @@ func (a Action) Screenshot() ScreenshotOptions {
 }
 
 // ScreenshotFromQuery parses the query of GET /screenshot (format, quality,
-// scale, width, x, y, w, h, cursor) into a normalized screenshot action.
-// Unknown parameters are errors of type *Error.
+// scale, width, x, y, w, h, cursor, settle_ms, settle_max_ms) into a
+// normalized screenshot action. Unknown parameters are errors of type
+// *Error.
 func ScreenshotFromQuery(q url.Values) (Action, error) {
 	a := Action{Type: TypeScreenshot}
 	for key, vals := range q {
@@ -78,6 +91,10 @@ func ScreenshotFromQuery(q url.Values) (Action, error) {
 			intp(&a.H)
 		case "cursor":
 			a.Cursor, err = strconv.ParseBool(v)
+		case "settle_ms":
+			intp(&a.SettleMS)
+		case "settle_max_ms":
+			intp(&a.SettleMaxMS)
 		default:
 			return a, errorf("unknown query parameter %q", key)
 		}

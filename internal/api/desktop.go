@@ -12,14 +12,15 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/action"
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/computer"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/proto/desktop"
 )
 
 // parseScreenshotQuery parses the query of GET /screenshot (format, quality,
-// scale or width, x, y, w, h, cursor) into the agent's request. It uses the
-// action package's parser, so the GET and the screenshot action accept the
-// same options. Errors are *action.Error (400 invalid_argument).
+// scale or width, x, y, w, h, cursor, settle_ms, settle_max_ms) into the
+// agent's request. It uses the action package's parser, so the GET and the
+// screenshot action accept the same options. Errors are *action.Error (400 invalid_argument).
 func parseScreenshotQuery(q url.Values) (*desktop.ScreenshotRequest, error) {
 	a, err := action.ScreenshotFromQuery(q)
 	if err != nil {
@@ -35,6 +36,10 @@ type screenshotJSON struct {
 	Width  int32  `json:"width"`
 	Height int32  `json:"height"`
 	Data   string `json:"data"`
+	// Settled and SettleWaitMS are there only when the request had
+	// settle_ms (and the agent knows it).
+	Settled      *bool   `json:"settled,omitempty"`
+	SettleWaitMS *uint32 `json:"settle_wait_ms,omitempty"`
 }
 
 // PassiveHeader marks a request that watches rather than uses a sandbox: a
@@ -103,13 +108,22 @@ func (s *server) screenshot(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	if accepts(r, "application/json") {
-		writeJSON(w, http.StatusOK, screenshotJSON{
+		js := screenshotJSON{
 			Format: format, Width: shot.GetWidth(), Height: shot.GetHeight(),
 			Data: base64.StdEncoding.EncodeToString(shot.GetData()),
-		})
+		}
+		if shot.Settled != nil {
+			wait := shot.GetSettleWaitMs()
+			js.Settled, js.SettleWaitMS = shot.Settled, &wait
+		}
+		writeJSON(w, http.StatusOK, js)
 		return
 	}
 	h := w.Header()
+	if shot.Settled != nil {
+		h.Set("X-Screenshot-Settled", strconv.FormatBool(shot.GetSettled()))
+		h.Set("X-Screenshot-Settle-Wait-Ms", strconv.FormatUint(uint64(shot.GetSettleWaitMs()), 10))
+	}
 	h.Set("Content-Type", "image/"+format)
 	h.Set("Content-Length", strconv.Itoa(len(shot.GetData())))
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -142,10 +156,6 @@ func (s *server) actions(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	req := &desktop.ActRequest{Actions: make([]*desktop.Action, len(acts))}
-	for i, a := range acts {
-		req.Actions[i] = action.ToProto(a)
-	}
 	ac, err := s.mgr.Agent(r.Context(), id)
 	if err == nil {
 		err = s.requireDesktop(r.Context(), id)
@@ -154,77 +164,56 @@ func (s *server) actions(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	start := time.Now()
-	resp, err := ac.Desktop.Act(r.Context(), connect.NewRequest(req))
-	elapsed := time.Since(start)
+	out, err := computer.Run(r.Context(), ac.Desktop, acts)
 	// The agent runs the list in one call: a single action is timed under its
 	// type, a list under "batch".
 	label := "batch"
 	if len(acts) == 1 {
 		label = acts[0].Type
 	}
-	s.metrics.ActionDuration.WithLabelValues(label).Observe(elapsed.Seconds())
+	s.metrics.ActionDuration.WithLabelValues(label).Observe(out.Duration.Seconds())
 	if err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	msg := resp.Msg
-	results := make([]map[string]any, 0, len(msg.GetResults()))
-	for _, res := range msg.GetResults() {
+	results := make([]map[string]any, 0, len(out.Results))
+	for _, res := range out.Results {
 		results = append(results, actionResult(res))
 	}
-	if i := int(msg.GetFailedIndex()); i >= 0 && (msg.GetError() != "" || msg.GetErrorCode() != "") {
-		if i >= len(acts) {
-			i = len(acts) - 1
-		}
-		var he *httpError
-		switch msg.GetErrorCode() {
-		case codeInvalid:
-			he = &httpError{status: http.StatusBadRequest, code: codeInvalid,
-				msg: "action " + strconv.Itoa(i) + ": " + orDefault(agentMessage(msg.GetError()), "invalid action")}
-		case codeUnavailable:
-			he = &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
-				msg: "action " + strconv.Itoa(i) + ": the desktop is restarting; retry"}
-		default:
-			s.log.ErrorContext(r.Context(), "action failed in the agent", "sandbox", id,
-				"index", i, "type", acts[i].Type, "err", msg.GetError())
-			he = &httpError{status: http.StatusInternalServerError, code: codeInternal,
-				msg: "action " + strconv.Itoa(i) + " failed: internal error"}
-		}
-		he.index = &i
-		writeJSON(w, he.status, errorBody{
-			Error:   apiError{Code: he.code, Message: he.msg, Index: he.index},
-			Results: results,
-		})
+	if out.Failure != nil {
+		s.writeErrorResults(w, r, out.Failure, results)
 		return
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Results    []map[string]any `json:"results"`
 		DurationMS int64            `json:"duration_ms"`
-	}{results, elapsed.Milliseconds()})
+	}{results, out.Duration.Milliseconds()})
 }
 
 // actionResult is the JSON form of one action's result: {"type"} plus the
 // fields its type reports (API.md "Desktop").
-func actionResult(res *desktop.ActionResult) map[string]any {
-	out := map[string]any{"type": res.GetType()}
-	switch res.GetType() {
-	case action.TypeCursorPosition:
-		out["x"], out["y"] = res.GetX(), res.GetY()
-	case action.TypeScreenSize:
-		out["width"], out["height"] = res.GetWidth(), res.GetHeight()
-	case action.TypeScreenshot:
-		shot := res.GetScreenshot()
-		out["format"] = shot.GetFormat()
-		out["width"], out["height"] = shot.GetWidth(), shot.GetHeight()
-		out["data"] = base64.StdEncoding.EncodeToString(shot.GetData())
-	case action.TypeWindows:
-		wins := make([]map[string]any, 0, len(res.GetWindows()))
-		for _, win := range res.GetWindows() {
+func actionResult(res computer.Result) map[string]any {
+	out := map[string]any{"type": res.Type}
+	switch {
+	case res.Cursor != nil:
+		out["x"], out["y"] = res.Cursor.X, res.Cursor.Y
+	case res.Size != nil:
+		out["width"], out["height"] = res.Size.Width, res.Size.Height
+	case res.Image != nil:
+		out["format"] = res.Image.Format
+		out["width"], out["height"] = res.Image.Width, res.Image.Height
+		out["data"] = base64.StdEncoding.EncodeToString(res.Image.Data)
+		if res.Image.Settled != nil {
+			out["settled"] = *res.Image.Settled
+			out["settle_wait_ms"] = res.Image.SettleWait.Milliseconds()
+		}
+	case res.Windows != nil:
+		wins := make([]map[string]any, 0, len(res.Windows))
+		for _, win := range res.Windows {
 			wins = append(wins, map[string]any{
-				"id": win.GetId(), "title": win.GetTitle(), "class": win.GetClass(),
-				"x": win.GetX(), "y": win.GetY(), "width": win.GetWidth(), "height": win.GetHeight(),
-				"focused": win.GetFocused(),
+				"id": win.ID, "title": win.Title, "class": win.Class,
+				"x": win.X, "y": win.Y, "width": win.Width, "height": win.Height,
+				"focused": win.Focused,
 			})
 		}
 		out["windows"] = wins

@@ -31,6 +31,8 @@ func TestParseScreenshotQuery(t *testing.T) {
 		{"w=100&h=50", &desktop.ScreenshotRequest{Format: "png", Region: &desktop.Region{W: 100, H: 50}}},
 		{"cursor=true", &desktop.ScreenshotRequest{Format: "png", Cursor: true}},
 		{"cursor=1&format=jpeg", &desktop.ScreenshotRequest{Format: "jpeg", Cursor: true}},
+		{"settle_ms=250", &desktop.ScreenshotRequest{Format: "png", SettleMs: 250, SettleMaxMs: 2000}},
+		{"settle_ms=250&settle_max_ms=5000", &desktop.ScreenshotRequest{Format: "png", SettleMs: 250, SettleMaxMs: 5000}},
 
 		{"format=gif", nil},
 		{"quality=0x10", nil},
@@ -52,6 +54,10 @@ func TestParseScreenshotQuery(t *testing.T) {
 		{"cursor=maybe", nil},
 		{"format=png&format=jpeg", nil},
 		{"bogus=1", nil},
+		{"settle_ms=10001", nil},
+		{"settle_ms=-1", nil},
+		{"settle_max_ms=500", nil},
+		{"settle_ms=600&settle_max_ms=500", nil},
 	} {
 		t.Run(c.query, func(t *testing.T) {
 			q, err := url.ParseQuery(c.query)

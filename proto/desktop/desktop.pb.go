@@ -224,13 +224,20 @@ func (x *Region) GetH() int32 {
 }
 
 type ScreenshotRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Format        string                 `protobuf:"bytes,1,opt,name=format,proto3" json:"format,omitempty"`    // "png" (default) or "jpeg"
-	Quality       uint32                 `protobuf:"varint,2,opt,name=quality,proto3" json:"quality,omitempty"` // jpeg 1..100, 0 = default
-	Scale         float64                `protobuf:"fixed64,3,opt,name=scale,proto3" json:"scale,omitempty"`    // 0 = no scaling, else 0.1..1
-	Width         uint32                 `protobuf:"varint,4,opt,name=width,proto3" json:"width,omitempty"`     // target width keeping aspect, 0 = none
-	Region        *Region                `protobuf:"bytes,5,opt,name=region,proto3,oneof" json:"region,omitempty"`
-	Cursor        bool                   `protobuf:"varint,6,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Format  string                 `protobuf:"bytes,1,opt,name=format,proto3" json:"format,omitempty"`    // "png" (default) or "jpeg"
+	Quality uint32                 `protobuf:"varint,2,opt,name=quality,proto3" json:"quality,omitempty"` // jpeg 1..100, 0 = default
+	Scale   float64                `protobuf:"fixed64,3,opt,name=scale,proto3" json:"scale,omitempty"`    // 0 = no scaling, else 0.1..1
+	Width   uint32                 `protobuf:"varint,4,opt,name=width,proto3" json:"width,omitempty"`     // target width keeping aspect, 0 = none
+	Region  *Region                `protobuf:"bytes,5,opt,name=region,proto3,oneof" json:"region,omitempty"`
+	Cursor  bool                   `protobuf:"varint,6,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// settle_ms, when not 0, makes the screenshot wait until the screen has
+	// had no X damage for that many milliseconds, counted from the later of
+	// the request's start and the last damage, but no longer than
+	// settle_max_ms in all (0 = 2000, or settle_ms if that is more). An agent
+	// without them captures at once and leaves settled unset.
+	SettleMs      uint32 `protobuf:"varint,7,opt,name=settle_ms,json=settleMs,proto3" json:"settle_ms,omitempty"`
+	SettleMaxMs   uint32 `protobuf:"varint,8,opt,name=settle_max_ms,json=settleMaxMs,proto3" json:"settle_max_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -307,12 +314,32 @@ func (x *ScreenshotRequest) GetCursor() bool {
 	return false
 }
 
+func (x *ScreenshotRequest) GetSettleMs() uint32 {
+	if x != nil {
+		return x.SettleMs
+	}
+	return 0
+}
+
+func (x *ScreenshotRequest) GetSettleMaxMs() uint32 {
+	if x != nil {
+		return x.SettleMaxMs
+	}
+	return 0
+}
+
 type ScreenshotResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Format        string                 `protobuf:"bytes,1,opt,name=format,proto3" json:"format,omitempty"`
-	Width         int32                  `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
-	Height        int32                  `protobuf:"varint,3,opt,name=height,proto3" json:"height,omitempty"`
-	Data          []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Format string                 `protobuf:"bytes,1,opt,name=format,proto3" json:"format,omitempty"`
+	Width  int32                  `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
+	Height int32                  `protobuf:"varint,3,opt,name=height,proto3" json:"height,omitempty"`
+	Data   []byte                 `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// Set only when the request had settle_ms: whether the screen was quiet
+	// for settle_ms before the capture (false: settle_max_ms ran out, or the
+	// X server cannot report damage), and how long the screenshot waited
+	// before it captured.
+	Settled       *bool  `protobuf:"varint,5,opt,name=settled,proto3,oneof" json:"settled,omitempty"`
+	SettleWaitMs  uint32 `protobuf:"varint,6,opt,name=settle_wait_ms,json=settleWaitMs,proto3" json:"settle_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -373,6 +400,20 @@ func (x *ScreenshotResponse) GetData() []byte {
 		return x.Data
 	}
 	return nil
+}
+
+func (x *ScreenshotResponse) GetSettled() bool {
+	if x != nil && x.Settled != nil {
+		return *x.Settled
+	}
+	return false
+}
+
+func (x *ScreenshotResponse) GetSettleWaitMs() uint32 {
+	if x != nil {
+		return x.SettleWaitMs
+	}
+	return 0
 }
 
 type Point struct {
@@ -1210,20 +1251,26 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"\x01x\x18\x01 \x01(\x05R\x01x\x12\f\n" +
 	"\x01y\x18\x02 \x01(\x05R\x01y\x12\f\n" +
 	"\x01w\x18\x03 \x01(\x05R\x01w\x12\f\n" +
-	"\x01h\x18\x04 \x01(\x05R\x01h\"\xc2\x01\n" +
+	"\x01h\x18\x04 \x01(\x05R\x01h\"\x83\x02\n" +
 	"\x11ScreenshotRequest\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\tR\x06format\x12\x18\n" +
 	"\aquality\x18\x02 \x01(\rR\aquality\x12\x14\n" +
 	"\x05scale\x18\x03 \x01(\x01R\x05scale\x12\x14\n" +
 	"\x05width\x18\x04 \x01(\rR\x05width\x12,\n" +
 	"\x06region\x18\x05 \x01(\v2\x0f.desktop.RegionH\x00R\x06region\x88\x01\x01\x12\x16\n" +
-	"\x06cursor\x18\x06 \x01(\bR\x06cursorB\t\n" +
-	"\a_region\"n\n" +
+	"\x06cursor\x18\x06 \x01(\bR\x06cursor\x12\x1b\n" +
+	"\tsettle_ms\x18\a \x01(\rR\bsettleMs\x12\"\n" +
+	"\rsettle_max_ms\x18\b \x01(\rR\vsettleMaxMsB\t\n" +
+	"\a_region\"\xbf\x01\n" +
 	"\x12ScreenshotResponse\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\tR\x06format\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\x05R\x05width\x12\x16\n" +
 	"\x06height\x18\x03 \x01(\x05R\x06height\x12\x12\n" +
-	"\x04data\x18\x04 \x01(\fR\x04data\"#\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1d\n" +
+	"\asettled\x18\x05 \x01(\bH\x00R\asettled\x88\x01\x01\x12$\n" +
+	"\x0esettle_wait_ms\x18\x06 \x01(\rR\fsettleWaitMsB\n" +
+	"\n" +
+	"\b_settled\"#\n" +
 	"\x05Point\x12\f\n" +
 	"\x01x\x18\x01 \x01(\x05R\x01x\x12\f\n" +
 	"\x01y\x18\x02 \x01(\x05R\x01y\"\xf6\x02\n" +
@@ -1373,6 +1420,7 @@ func file_desktop_desktop_proto_init() {
 		return
 	}
 	file_desktop_desktop_proto_msgTypes[3].OneofWrappers = []any{}
+	file_desktop_desktop_proto_msgTypes[4].OneofWrappers = []any{}
 	file_desktop_desktop_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

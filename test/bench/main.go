@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -42,10 +43,17 @@ func main() {
 	nPool := flag.Int("n-pool", 20, "creates from the warm pool (and cold ones) measured")
 	onlyFork := flag.Bool("only-fork", false, "measure only qemu forks of 1 and of 10, snapshots and creates from a snapshot, against cold creates, and rewrite only those sections of -out")
 	nFork := flag.Int("n-fork", 3, "forks of 1 (and cold creates) measured on qemu")
+	onlyShot := flag.Bool("only-screenshot", false, "measure only native screenshots against scrot on one -backend sandbox, and rewrite only that section of -out")
+	onlyStep := flag.Bool("only-agent-step", false, "measure only an agent's step (act + settled screenshot in one call, two calls, a fixed 2 s sleep) and screenshot bytes at model sizes on one -backend sandbox, and rewrite only that section of -out")
+	nStep := flag.Int("n-step", 20, "agent steps measured each way")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyShot:
+		err = runScreenshot(*imageDir, *backend, *out, *n, *nSub)
+	case *onlyStep:
+		err = runAgentStep(*imageDir, *backend, *out, *nStep)
 	case *onlyFork:
 		err = runFork(*imageDir, *out, *nFork)
 	case *onlyPool:
@@ -55,6 +63,9 @@ func main() {
 	default:
 		cfg.nPool, cfg.nFork = *nPool, *nFork
 		err = run(*imageDir, *backend, *second, *out, *n, *nSub, cfg)
+		if err == nil {
+			err = runAgentStep(*imageDir, *backend, *out, *nStep)
+		}
 	}
 	if err != nil {
 		log.Fatal(err)
@@ -77,13 +88,23 @@ func (r result) pct(p float64) time.Duration {
 }
 
 func measure(name string, n int, f func() error) (result, error) {
+	return measureTimed(name, n, func() (time.Duration, error) {
+		t0 := time.Now()
+		err := f()
+		return time.Since(t0), err
+	})
+}
+
+// measureTimed is measure for an operation that times the part of itself
+// that counts.
+func measureTimed(name string, n int, f func() (time.Duration, error)) (result, error) {
 	r := result{name: name}
 	for i := 0; i < n; i++ {
-		t0 := time.Now()
-		if err := f(); err != nil {
+		d, err := f()
+		if err != nil {
 			return r, fmt.Errorf("%s: %w", name, err)
 		}
-		r.samples = append(r.samples, time.Since(t0))
+		r.samples = append(r.samples, d)
 	}
 	log.Printf("%-40s p50 %8s  p95 %8s", name, ms(r.pct(.5)), ms(r.pct(.95)))
 	return r, nil
@@ -153,7 +174,7 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 		rs = append(rs, r)
 		return nil
 	}
-	nat, shotBytes, err := measureNative(ctx, c, id, n, "")
+	nat, shotBytes, err := measureNative(ctx, c, id, n, "", settler(d))
 	if err != nil {
 		return err
 	}
@@ -220,7 +241,7 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	// The native operations again on the second backend, for the figures
 	// the README quotes for both.
 	if second != "" && second != backend {
-		if more, err := measureNativeOn(ctx, c, second, res, n); err != nil {
+		if more, err := measureNativeOn(ctx, c, second, res, n, settler(d)); err != nil {
 			log.Printf("skipping native figures on %s: %v", second, err)
 		} else {
 			rs = append(rs, more...)
@@ -282,39 +303,179 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 	return harness.ReplaceSection(out, "pause", pauseReport(prs, brs))
 }
 
+// runScreenshot measures only screenshots on one sandbox of backend with
+// the busy page open: native PNG and JPEG of an unchanged screen and after
+// a change, against scrot through the exec API, in the same run, and
+// rewrites the screenshot section of out.
+func runScreenshot(imageDir, backend, out string, n, nSub int) error {
+	defer harness.RemoveBuild()
+	load, _ := os.ReadFile("/proc/loadavg") // the machine may be shared
+	ctx := context.Background()
+	dataDir, err := os.MkdirTemp("", "cubicle-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dataDir)
+	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir, DefaultBackend: backend})
+	if err != nil {
+		return err
+	}
+	defer d.Stop()
+	c := client.New(d.URL, client.WithAPIKey(d.APIKey), client.WithTimeout(5*time.Minute))
+	res := client.Resolution{Width: 1024, Height: 768}
+	sb, err := c.Create(ctx, client.CreateRequest{Resolution: &res})
+	if err != nil {
+		return err
+	}
+	defer c.Destroy(ctx, sb.ID)
+	id := sb.ID
+	time.Sleep(20 * time.Second) // Chromium starts after ready
+	if err := openBusyPage(ctx, c, id); err != nil {
+		return err
+	}
+	time.Sleep(5 * time.Second)
+	for i := 0; i < 10; i++ {
+		c.Screenshot(ctx, id, client.ScreenshotOptions{})
+	}
+	settle := settler(d)
+	var rs []result
+	i := 0
+	var shotBytes int
+	for _, op := range []struct {
+		name  string
+		n     int
+		timed func() (time.Duration, error)
+	}{
+		{"screenshot png (native)", n, func() (time.Duration, error) {
+			t0 := time.Now()
+			b, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "png"})
+			shotBytes = len(b)
+			return time.Since(t0), err
+		}},
+		{"screenshot png (native, after a change)", n / 2, changedShot(ctx, c, id, settle, &i, "png")},
+		{"screenshot jpeg q80 (native)", n, func() (time.Duration, error) {
+			t0 := time.Now()
+			_, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "jpeg", Quality: 80})
+			return time.Since(t0), err
+		}},
+		{"screenshot jpeg q80 (native, after a change)", n / 2, changedShot(ctx, c, id, settle, &i, "jpeg")},
+		{"screenshot png (scrot + read + rm)", nSub, func() (time.Duration, error) {
+			t0 := time.Now()
+			err := scrotShot(ctx, c, id)
+			return time.Since(t0), err
+		}},
+		{"screenshot png (scrot + read + rm, after a change)", nSub, func() (time.Duration, error) {
+			i++
+			if err := c.Scroll(ctx, id, []string{"down", "up"}[i%2], 3); err != nil {
+				return 0, err
+			}
+			if err := settle(id); err != nil {
+				return 0, err
+			}
+			t0 := time.Now()
+			err := scrotShot(ctx, c, id)
+			return time.Since(t0), err
+		}},
+	} {
+		r, err := measureTimed(op.name, op.n, op.timed)
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+	}
+	loadAvg := strings.Fields(string(load))
+	return harness.ReplaceSection(out, "screenshot", screenshotReport(backend, rs, shotBytes, n, nSub,
+		strings.Join(loadAvg[:min(3, len(loadAvg))], " ")))
+}
+
+// scrotShot takes a screenshot the subprocess way, as E2B Desktop does:
+// scrot through the exec API, then read the file and remove it.
+func scrotShot(ctx context.Context, c *client.Client, id string) error {
+	r, err := c.Exec(ctx, id, client.ExecRequest{Command: "scrot -o /tmp/bench-shot.png"})
+	if err == nil && r.ExitCode != 0 {
+		err = fmt.Errorf("scrot exited %d: %s", r.ExitCode, r.Stderr)
+	}
+	if err != nil {
+		return err
+	}
+	rc, err := c.Download(ctx, id, "/tmp/bench-shot.png")
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, rc)
+	rc.Close()
+	return c.RemoveFile(ctx, id, "/tmp/bench-shot.png")
+}
+
+// screenshotReport is the screenshot section of BENCHMARKS.md.
+func screenshotReport(backend string, rs []result, shotBytes, n, nSub int, load string) string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "## Screenshots: native against scrot (`go run ./test/bench -only-screenshot`, %s)\n\n", time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "Machine: %s. Backend: `%s`, one sandbox at 1024×768 with the busy page open in Chromium, driven through the REST API on loopback, all rows in the same run. Native: %d samples (%d after a change); scrot: %d. \"after a change\": the page is scrolled and the screen left to settle (untimed) before each timed shot, so the agent captures and encodes anew; without it the screen is unchanged since the last shot and the agent answers with the encoding it made then (it learns of every change through X DAMAGE). PNG size: %d KiB. Load average when the run began: %s.\n\n", machine(), backend, n, n/2, nSub, shotBytes>>10, load)
+	fmt.Fprintf(&b, "| operation | p50 | p95 | scrot p50 / this p50 |\n|---|---|---|---|\n")
+	var scrot time.Duration
+	for _, r := range rs {
+		if r.name == "screenshot png (scrot + read + rm)" {
+			scrot = r.pct(.5)
+		}
+	}
+	for _, r := range rs {
+		ratio := ""
+		if scrot > 0 && r.pct(.5) > 0 {
+			ratio = fmt.Sprintf("%.1f×", float64(scrot)/float64(r.pct(.5)))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", r.name, ms(r.pct(.5)), ms(r.pct(.95)), ratio)
+	}
+	return b.String()
+}
+
 // measureNative measures the native operations on sandbox id; suffix is
-// added to each row's name (", runc" for the second backend).
-func measureNative(ctx context.Context, c *client.Client, id string, n int, suffix string) ([]result, int, error) {
+// added to each row's name (", runc" for the second backend). settle waits
+// until the sandbox's screen is quiet.
+func measureNative(ctx context.Context, c *client.Client, id string, n int, suffix string, settle func(id string) error) ([]result, int, error) {
 	var rs []result
 	var shotBytes int
 	i := 0
 	for _, op := range []struct {
-		name string
-		n    int
-		f    func() error
+		name  string
+		n     int
+		f     func() error
+		timed func() (time.Duration, error) // instead of f
 	}{
 		{"screenshot png (native" + suffix + ")", n, func() error {
 			b, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "png"})
 			shotBytes = len(b)
 			return err
-		}},
+		}, nil},
+		// The screen unchanged since the last screenshot is the case above,
+		// which the agent answers with the encoding it already has; here
+		// the page scrolls before each shot (untimed, as is the wait for
+		// it to settle), so every shot captures and encodes anew.
+		{"screenshot png (native" + suffix + ", after a change)", n / 2, nil, changedShot(ctx, c, id, settle, &i, "png")},
+		{"screenshot jpeg q80 (native" + suffix + ", after a change)", n / 2, nil, changedShot(ctx, c, id, settle, &i, "jpeg")},
 		{"screenshot jpeg q80 (native" + suffix + ")", n, func() error {
 			_, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "jpeg", Quality: 80})
 			return err
-		}},
+		}, nil},
 		{"click (native" + suffix + ")", n, func() error {
 			i++
 			return c.Click(ctx, id, 200+i%50, 700)
-		}},
+		}, nil},
 		{"move (native" + suffix + ")", n, func() error {
 			i++
 			return c.Move(ctx, id, 100+i%500, 100+i%300)
-		}},
+		}, nil},
 		{"type 10 chars (native" + suffix + ")", n / 4, func() error {
 			return c.Type(ctx, id, "abcdefghij")
-		}},
+		}, nil},
 	} {
-		r, err := measure(op.name, op.n, op.f)
+		var r result
+		var err error
+		if op.timed != nil {
+			r, err = measureTimed(op.name, op.n, op.timed)
+		} else {
+			r, err = measure(op.name, op.n, op.f)
+		}
 		if err != nil {
 			return nil, 0, err
 		}
@@ -326,7 +487,7 @@ func measureNative(ctx context.Context, c *client.Client, id string, n int, suff
 // measureNativeOn creates a desktop sandbox of backend, opens the busy page
 // and measures the native operations there, for the same figures on a
 // second backend in the same run.
-func measureNativeOn(ctx context.Context, c *client.Client, backend string, res client.Resolution, n int) ([]result, error) {
+func measureNativeOn(ctx context.Context, c *client.Client, backend string, res client.Resolution, n int, settle func(string) error) ([]result, error) {
 	sb, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &res})
 	if err != nil {
 		return nil, err
@@ -341,8 +502,54 @@ func measureNativeOn(ctx context.Context, c *client.Client, backend string, res 
 		c.Screenshot(ctx, sb.ID, client.ScreenshotOptions{})
 		c.Move(ctx, sb.ID, 10, 10)
 	}
-	rs, _, err := measureNative(ctx, c, sb.ID, n, ", "+backend)
+	rs, _, err := measureNative(ctx, c, sb.ID, n, ", "+backend, settle)
 	return rs, err
+}
+
+// settler returns a function that waits, through the REST API of d, until
+// a sandbox's screen has had no change for 300 ms (a 1-pixel screenshot
+// with settle_ms, which leaves the full screen's encoding to be made).
+func settler(d *harness.Daemon) func(id string) error {
+	hc := &http.Client{Timeout: 30 * time.Second}
+	return func(id string) error {
+		req, err := http.NewRequest("GET", d.URL+"/v1/sandboxes/"+id+"/screenshot?w=1&h=1&settle_ms=300&settle_max_ms=5000", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("X-API-Key", d.APIKey)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("settle: %s", resp.Status)
+		}
+		if resp.Header.Get("X-Screenshot-Settled") != "true" {
+			log.Printf("screen of %s did not settle in 5 s", id)
+		}
+		return nil
+	}
+}
+
+// changedShot returns a measured operation that, untimed, scrolls the page
+// one step (down and up in turns) and waits for the screen to settle, and
+// then times one full screenshot in format.
+func changedShot(ctx context.Context, c *client.Client, id string, settle func(string) error, i *int, format string) func() (time.Duration, error) {
+	return func() (time.Duration, error) {
+		*i++
+		dir := []string{"down", "up"}[*i%2]
+		if err := c.Scroll(ctx, id, dir, 3); err != nil {
+			return 0, err
+		}
+		if err := settle(id); err != nil {
+			return 0, err
+		}
+		t0 := time.Now()
+		_, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: format})
+		return time.Since(t0), err
+	}
 }
 
 // openBusyPage opens, in the sandbox's Chromium, a page dense with text and
@@ -533,6 +740,7 @@ func report(backend string, rs []result, brs []backendResult, disks []result, sh
 	for _, pair := range [][2]string{
 		{"screenshot png (native)", "screenshot png (scrot + read + rm)"},
 		{"screenshot png (native)", "screenshot png (import -window root)"},
+		{"screenshot png (native, after a change)", "screenshot png (scrot + read + rm)"},
 		{"click (native)", "click (xdotool)"},
 		{"move (native)", "move (xdotool)"},
 		{"type 10 chars (native)", "type 10 chars (xdotool)"},

@@ -69,12 +69,18 @@ func benchDesktop(b *testing.B) *Desktop {
 	return d
 }
 
-func benchShot(b *testing.B, opts action.ScreenshotOptions) {
+// benchShot measures screenshots with opts of an unchanging screen:
+// captured and encoded every time, or, with cached, answered from the
+// encoding of the first.
+func benchShot(b *testing.B, opts action.ScreenshotOptions, cached bool) {
 	d := benchDesktop(b)
 	ctx := context.Background()
 	var size int
 	b.ResetTimer()
 	for b.Loop() {
+		if !cached {
+			d.shots.clear()
+		}
 		s, err := d.Screenshot(ctx, opts)
 		if err != nil {
 			b.Fatal(err)
@@ -85,15 +91,21 @@ func benchShot(b *testing.B, opts action.ScreenshotOptions) {
 }
 
 func BenchmarkScreenshotPNG(b *testing.B) {
-	benchShot(b, action.ScreenshotOptions{Format: action.FormatPNG})
+	benchShot(b, action.ScreenshotOptions{Format: action.FormatPNG}, false)
+}
+
+// BenchmarkScreenshotPNGUnchanged is a screenshot of a screen that has not
+// changed since the last one with the same options.
+func BenchmarkScreenshotPNGUnchanged(b *testing.B) {
+	benchShot(b, action.ScreenshotOptions{Format: action.FormatPNG}, true)
 }
 
 func BenchmarkScreenshotJPEG(b *testing.B) {
-	benchShot(b, action.ScreenshotOptions{Format: action.FormatJPEG, Quality: action.DefaultJPEGQuality})
+	benchShot(b, action.ScreenshotOptions{Format: action.FormatJPEG, Quality: action.DefaultJPEGQuality}, false)
 }
 
 func BenchmarkScreenshotPNGHalf(b *testing.B) {
-	benchShot(b, action.ScreenshotOptions{Format: action.FormatPNG, Scale: 0.5})
+	benchShot(b, action.ScreenshotOptions{Format: action.FormatPNG, Scale: 0.5}, false)
 }
 
 // BenchmarkCapture measures the X transfer and pixel conversion alone.

@@ -8,6 +8,7 @@ import (
 	"image"
 	"image/jpeg"
 	"sync"
+	"time"
 
 	"github.com/jezek/xgb"
 	"github.com/jezek/xgb/shm"
@@ -18,12 +19,19 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/action"
 )
 
-// Shot is an encoded screenshot.
+// Shot is an encoded screenshot. Data may be shared with other shots of
+// the same pixels: it must not be modified.
 type Shot struct {
 	Format string // action.FormatPNG or action.FormatJPEG
 	Width  int
 	Height int
 	Data   []byte
+
+	// Settled says, for a screenshot with a settle, whether the screen
+	// was quiet for the settle before the capture; SettleWait is how long
+	// the screenshot waited for it.
+	Settled    bool
+	SettleWait time.Duration
 }
 
 // pixelLayout says where the 8-bit red, green and blue channels sit in the
@@ -195,7 +203,15 @@ func (d *Desktop) screenRect() image.Rectangle { return image.Rect(0, 0, d.width
 // if asked, scales it down and encodes it. opts must be valid for this
 // screen (action.Normalize and action.Validate); a region outside the screen
 // is an *action.Error.
+//
+// With opts.Settle it first waits until the screen has had no damage for
+// that long (see action.ScreenshotOptions), at most opts.SettleMax, and
+// says in the Shot whether it settled; without DAMAGE it captures at once
+// and reports that it did not. When no damage has arrived since a
+// screenshot with the same options (but the cursor, which moves without
+// damage), that screenshot's encoding is returned again.
 func (d *Desktop) Screenshot(ctx context.Context, opts action.ScreenshotOptions) (*Shot, error) {
+	start := time.Now()
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -207,6 +223,50 @@ func (d *Desktop) Screenshot(ctx context.Context, opts action.ScreenshotOptions)
 	if !r.In(screen) {
 		return nil, &action.Error{Msg: fmt.Sprintf("region %v is not inside the %dx%d screen", r, d.width, d.height)}
 	}
+	var (
+		gen     uint64
+		tracked bool
+		settled bool
+		waited  time.Duration
+	)
+	if d.track != nil {
+		var err error
+		if opts.Settle > 0 {
+			gen, settled, err = d.track.settle(ctx, start, opts.Settle, opts.SettleMax)
+			waited = time.Since(start)
+		} else {
+			gen, _, err = d.track.fence(ctx)
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// A broken connection shows in the capture below.
+		tracked = err == nil
+	}
+	key := cacheKey(opts)
+	useCache := tracked && !opts.Cursor
+	if useCache {
+		if shot := d.shots.get(gen, key); shot != nil {
+			out := *shot
+			out.Settled, out.SettleWait = settled, waited
+			return &out, nil
+		}
+	}
+	shot, err := d.captureEncode(r, opts)
+	if err != nil {
+		return nil, err
+	}
+	if useCache {
+		d.shots.put(gen, key, shot)
+		out := *shot
+		shot = &out
+	}
+	shot.Settled, shot.SettleWait = settled, waited
+	return shot, nil
+}
+
+// captureEncode captures r and encodes it as opts say.
+func (d *Desktop) captureEncode(r image.Rectangle, opts action.ScreenshotOptions) (*Shot, error) {
 	pix, release, err := d.capture(r)
 	if err != nil {
 		return nil, err

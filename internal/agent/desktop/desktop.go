@@ -48,12 +48,17 @@ type Desktop struct {
 	inputMu sync.Mutex
 	in      inputSink
 	keys    *keyboard
-	buttons [4]bool // buttons 1..3 left down by mouse_down
+	buttons [10]bool // buttons 1..9 left down by mouse_down
 
 	// shotMu guards the shared-memory segment, which one capture uses at a
 	// time; seg is nil when MIT-SHM is unavailable.
 	shotMu sync.Mutex
 	seg    *shmSegment
+
+	// track follows damage on the screen (nil without DAMAGE); shots
+	// keeps the last screenshots, good while no damage arrives.
+	track *damageTracker
+	shots shotCache
 
 	ready     atomic.Bool
 	closeOnce sync.Once
@@ -64,9 +69,10 @@ type Desktop struct {
 var inputViaXGB = false
 
 // Open connects to the X server at display (":1"; "" means $DISPLAY) and
-// sets up XTEST, MIT-SHM and XFIXES. XTEST is required; the other two are
-// used when available. Open does not retry: waiting for a starting server is
-// the caller's job.
+// sets up XTEST, MIT-SHM, XFIXES and DAMAGE. XTEST is required; the
+// others are used when available (DAMAGE lets screenshots wait for a quiet
+// screen and reuse an encoding while nothing changed). Open does not
+// retry: waiting for a starting server is the caller's job.
 func Open(display string) (*Desktop, error) {
 	conn, err := xgb.NewConnDisplay(display)
 	if err != nil {
@@ -114,6 +120,9 @@ func setup(conn *xgb.Conn, display string) (*Desktop, error) {
 			d.xfixes = true
 		}
 	}
+	// Without DAMAGE (or its window) a settle cannot be observed and no
+	// encoding is reused: screenshots capture at once, every time.
+	d.track, _ = newDamageTracker(conn, d.root, d.atoms.fence)
 	if shm.Init(conn) == nil {
 		// A failure here (no SysV IPC, as under some sandboxes, or a server
 		// that cannot attach our segment) leaves plain GetImage in use.
@@ -135,14 +144,21 @@ func setup(conn *xgb.Conn, display string) (*Desktop, error) {
 }
 
 // eventLoop drains the connection's events, which xgb otherwise buffers
-// until it blocks every reply, and drops the cached keyboard mapping when
-// the mapping changes. It ends when the connection closes.
+// until it blocks every reply, drops the cached keyboard mapping when the
+// mapping changes and hands damage and fences to the tracker. It ends when
+// the connection closes.
 func (d *Desktop) eventLoop() {
 	defer close(d.events)
+	if d.track != nil {
+		defer d.track.close()
+	}
 	for {
 		ev, err := d.conn.WaitForEvent()
 		if ev == nil && err == nil {
 			return
+		}
+		if d.track != nil && d.track.event(ev) {
+			continue
 		}
 		if _, ok := ev.(xproto.MappingNotifyEvent); ok {
 			d.keys.invalidate()
@@ -187,8 +203,8 @@ func (d *Desktop) Size() (width, height int) { return d.width, d.height }
 // Ready reports whether a screenshot has succeeded on this connection.
 func (d *Desktop) Ready() bool { return d.ready.Load() }
 
-// Capabilities lists what this connection can do: CapXTEST, and CapSHM and
-// CapXFixes when the server supports them.
+// Capabilities lists what this connection can do: CapXTEST, and CapSHM,
+// CapXFixes and CapDamage when the server supports them.
 func (d *Desktop) Capabilities() []string {
 	caps := []string{CapXTEST}
 	d.shotMu.Lock()
@@ -198,6 +214,9 @@ func (d *Desktop) Capabilities() []string {
 	d.shotMu.Unlock()
 	if d.xfixes {
 		caps = append(caps, CapXFixes)
+	}
+	if d.track != nil {
+		caps = append(caps, CapDamage)
 	}
 	return caps
 }
@@ -209,11 +228,12 @@ func (d *Desktop) sync() error { return d.in.sync() }
 type atoms struct {
 	clientList, activeWindow, netWMName, utf8String, wmState xproto.Atom
 	wmProtocols, wmDeleteWindow, netWMPid                    xproto.Atom
+	fence                                                    xproto.Atom
 }
 
 func internAtoms(conn *xgb.Conn) (atoms, error) {
 	names := []string{"_NET_CLIENT_LIST", "_NET_ACTIVE_WINDOW", "_NET_WM_NAME", "UTF8_STRING", "WM_STATE",
-		"WM_PROTOCOLS", "WM_DELETE_WINDOW", "_NET_WM_PID"}
+		"WM_PROTOCOLS", "WM_DELETE_WINDOW", "_NET_WM_PID", "_CUBICLE_FENCE"}
 	cookies := make([]xproto.InternAtomCookie, len(names))
 	for i, n := range names {
 		cookies[i] = xproto.InternAtom(conn, false, uint16(len(n)), n)
@@ -226,5 +246,5 @@ func internAtoms(conn *xgb.Conn) (atoms, error) {
 		}
 		got[i] = r.Atom
 	}
-	return atoms{got[0], got[1], got[2], got[3], got[4], got[5], got[6], got[7]}, nil
+	return atoms{got[0], got[1], got[2], got[3], got[4], got[5], got[6], got[7], got[8]}, nil
 }

@@ -68,7 +68,7 @@ func TestPointer(t *testing.T) {
 		}
 	})
 
-	buttons := map[string]byte{"left": 1, "middle": 2, "right": 3}
+	buttons := map[string]byte{"left": 1, "middle": 2, "right": 3, "back": 8, "forward": 9}
 	for name, b := range buttons {
 		t.Run("click "+name, func(t *testing.T) {
 			c.drain()
@@ -100,6 +100,24 @@ func TestPointer(t *testing.T) {
 		}
 		do(t, d, action.Action{Type: "mouse_up", Button: "right"})
 		c.waitFor(isButton(false, 3))
+	})
+
+	t.Run("mouse down up forward", func(t *testing.T) {
+		c.drain()
+		do(t, d, action.Action{Type: "mouse_down", X: ip(winX + 7), Y: ip(winY + 8), Button: "forward"})
+		ev := c.waitFor(isButton(true, 9)).(xproto.ButtonPressEvent)
+		if ev.EventX != 7 || ev.EventY != 8 {
+			t.Errorf("forward pressed at (%d, %d), want (7, 8)", ev.EventX, ev.EventY)
+		}
+		do(t, d, action.Action{Type: "mouse_up", Button: "forward"})
+		c.waitFor(isButton(false, 9))
+	})
+
+	t.Run("drag back", func(t *testing.T) {
+		c.drain()
+		do(t, d, action.Action{Type: "drag", Button: "back", Path: [][2]int{{winX + 10, winY + 10}, {winX + 30, winY + 20}}})
+		c.waitFor(isButton(true, 8))
+		c.waitFor(isButton(false, 8))
 	})
 
 	t.Run("scroll", func(t *testing.T) {

@@ -42,13 +42,18 @@ func (d *Desktop) Do(ctx context.Context, a action.Action) (*desktop.ActionResul
 		res.Width, res.Height = int32(d.width), int32(d.height)
 		return res, nil
 	case action.TypeScreenshot:
-		shot, err := d.Screenshot(ctx, a.Screenshot())
+		opts := a.Screenshot()
+		shot, err := d.Screenshot(ctx, opts)
 		if err != nil {
 			return nil, err
 		}
 		res.Width, res.Height = int32(shot.Width), int32(shot.Height)
 		res.Screenshot = &desktop.ScreenshotResponse{
 			Format: shot.Format, Width: int32(shot.Width), Height: int32(shot.Height), Data: shot.Data,
+		}
+		if opts.Settle > 0 {
+			res.Screenshot.Settled = &shot.Settled
+			res.Screenshot.SettleWaitMs = uint32(shot.SettleWait.Milliseconds())
 		}
 		return res, nil
 	case action.TypeWindows:

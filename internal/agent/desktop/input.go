@@ -47,6 +47,10 @@ func buttonNumber(name string) byte {
 		return 3
 	case action.ButtonMiddle:
 		return 2
+	case action.ButtonBack:
+		return 8
+	case action.ButtonForward:
+		return 9
 	}
 	return 1
 }
