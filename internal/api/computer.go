@@ -1,6 +1,7 @@
 package api
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -86,7 +87,17 @@ func (s *server) computerOpenAI(w http.ResponseWriter, r *http.Request) {
 	}
 	call, err := computer.ParseOpenAI(body)
 	if err != nil {
-		s.writeError(w, r, err)
+		var eb errorBody
+		if call != nil {
+			// Only an action is wrong: the answer carries the screen as
+			// it is (nothing ran), for the loop to send back.
+			if ac, screen, derr := s.computerDesktop(r, id); derr == nil {
+				if o, oerr := call.Observe(r.Context(), ac.Desktop, screen); oerr == nil {
+					eb.ComputerCallOutput = &o
+				}
+			}
+		}
+		s.writeErrorBody(w, r, err, eb)
 		return
 	}
 	if checks, ack := call.SafetyChecks(); len(checks) > 0 && !ack {
@@ -108,7 +119,16 @@ func (s *server) computerOpenAI(w http.ResponseWriter, r *http.Request) {
 	out, err := call.Run(r.Context(), ac.Desktop, screen)
 	s.metrics.ActionDuration.WithLabelValues("openai").Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.writeError(w, r, err)
+		var eb errorBody
+		var re *computer.RequestError
+		var fl *computer.Failure
+		if errors.As(err, &re) || errors.As(err, &fl) {
+			// The screen after what ran (nothing, for a bad request).
+			if o, oerr := call.Observe(r.Context(), ac.Desktop, screen); oerr == nil {
+				eb.ComputerCallOutput = &o
+			}
+		}
+		s.writeErrorBody(w, r, err, eb)
 		return
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -105,13 +105,25 @@ func TestComputerOpenAI(t *testing.T) {
 		t.Errorf("acknowledged = %+v", got.AcknowledgedSafetyChecks)
 	}
 
-	e.agent.lastAct = nil
-	we = wantError(t, e.do("POST", p, strings.NewReader(`{"computer_call": {"call_id": "c", "actions": [{"type": "wait"}, {"type": "click", "x": 1}]}}`)),
-		http.StatusBadRequest, codeInvalid)
-	if we.Index == nil || *we.Index != 1 || !strings.Contains(we.Message, "click needs y") {
-		t.Errorf("bad action: %+v", we)
-	}
-	if e.agent.lastAct != nil {
-		t.Errorf("bad input ran %v", e.agent.lastAct)
+	// A bad action: 400, nothing of the call ran, and the body carries a
+	// computer_call_output of the screen as it is, for the loop to send
+	// back with the reason (the Responses API wants one for every call).
+	for _, c := range []struct{ body, want string }{
+		{`{"computer_call": {"call_id": "c", "actions": [{"type": "wait"}, {"type": "click", "x": 1}]}}`, "click needs y"},
+		{`{"computer_call": {"call_id": "c", "actions": [{"type": "wait"}, {"type": "click", "x": 1, "y": 5000}]}}`, "outside the screen"},
+	} {
+		e.agent.lastAct = nil
+		w := e.do("POST", p, strings.NewReader(c.body))
+		we = wantError(t, w, http.StatusBadRequest, codeInvalid)
+		if we.Index == nil || *we.Index != 1 || !strings.Contains(we.Message, c.want) {
+			t.Errorf("bad action: %+v", we)
+		}
+		if a := e.agent.lastAct.GetActions(); len(a) != 1 || a[0].GetType() != "screenshot" {
+			t.Errorf("bad input ran %v, want only the observing screenshot", a)
+		}
+		eb := decode[errorBody](t, w, http.StatusBadRequest)
+		if o := eb.ComputerCallOutput; o == nil || o.CallID != "c" || !strings.HasPrefix(o.Output.ImageURL, "data:image/png;base64,") {
+			t.Errorf("error body's computer_call_output = %+v", o)
+		}
 	}
 }

@@ -72,6 +72,10 @@ type errorBody struct {
 	// Anthropic's computer tool as errors, ready to send back to the model.
 	ToolResult  *computer.AnthropicResult  `json:"tool_result,omitempty"`
 	ToolResults []computer.AnthropicResult `json:"tool_results,omitempty"`
+	// ComputerCallOutput answers a request to OpenAI's computer tool that
+	// failed with the screen as it is, so that the agent loop can send the
+	// model the call's output with the reason.
+	ComputerCallOutput *computer.OpenAIOutput `json:"computer_call_output,omitempty"`
 }
 
 // httpError is an error decided in this package: status, code and a message

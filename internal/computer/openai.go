@@ -96,7 +96,8 @@ type OpenAICall struct {
 
 // ParseOpenAI parses the body of POST …/computer/openai: {"tool"?,
 // "computer_call", "acknowledge_safety_checks"?, "image"?}. The error is a
-// *RequestError.
+// *RequestError; the call comes with it when only an action is wrong, for
+// Observe.
 func ParseOpenAI(body []byte) (*OpenAICall, error) {
 	var req openaiRequest
 	if err := strictjson.Decode(body, &req); err != nil {
@@ -153,10 +154,10 @@ func ParseOpenAI(body []byte) (*OpenAICall, error) {
 	for i, raw := range raws {
 		var a openaiAction
 		if err := strictjson.Decode(raw, &a); err != nil {
-			return nil, badRequest(i, "action %d: invalid action: %v", i, err)
+			return c, badRequest(i, "action %d: invalid action: %v", i, err)
 		}
 		if err := checkOpenAI(a); err != nil {
-			return nil, badRequest(i, "action %d (%s): %v", i, a.Type, err)
+			return c, badRequest(i, "action %d (%s): %v", i, a.Type, err)
 		}
 		c.actions = append(c.actions, a)
 	}
@@ -402,13 +403,35 @@ func (c *OpenAICall) Run(ctx context.Context, d Desktop, screen Size) (OpenAIOut
 	if im == nil {
 		return OpenAIOutput{}, fmt.Errorf("the agent returned no screenshot")
 	}
-	o := OpenAIOutput{
-		Type: "computer_call_output", CallID: c.call.CallID,
-		Output: OpenAIScreenshot{Type: "computer_screenshot",
-			ImageURL: "data:" + im.MediaType() + ";base64," + base64.StdEncoding.EncodeToString(im.Data)},
-	}
+	o := c.output(*im)
 	if c.acknowledge {
 		o.AcknowledgedSafetyChecks = c.call.PendingSafetyChecks
 	}
 	return o, nil
+}
+
+// Observe takes the screenshot that answers the call without running any
+// of its actions. An error answer carries it: the Responses API wants a
+// computer_call_output for every call before the conversation goes on, so
+// an agent loop can send it with the reason and let the model try again.
+func (c *OpenAICall) Observe(ctx context.Context, d Desktop, screen Size) (OpenAIOutput, error) {
+	out, err := Run(ctx, d, []action.Action{c.image.screenshot(Point{}, Size{}, scaledTo(c.OpenAIFrame(screen)))})
+	if err != nil {
+		return OpenAIOutput{}, err
+	}
+	if out.Failure != nil {
+		return OpenAIOutput{}, out.Failure
+	}
+	if len(out.Results) != 1 || out.Results[0].Image == nil {
+		return OpenAIOutput{}, fmt.Errorf("the agent returned no screenshot")
+	}
+	return c.output(*out.Results[0].Image), nil
+}
+
+func (c *OpenAICall) output(im Image) OpenAIOutput {
+	return OpenAIOutput{
+		Type: "computer_call_output", CallID: c.call.CallID,
+		Output: OpenAIScreenshot{Type: "computer_screenshot",
+			ImageURL: "data:" + im.MediaType() + ";base64," + base64.StdEncoding.EncodeToString(im.Data)},
+	}
 }
