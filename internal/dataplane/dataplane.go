@@ -19,7 +19,8 @@
 //
 // envd traffic must carry the sandbox's access token (X-Access-Token, see
 // e2b.AccessToken); other ports are open to whoever knows the sandbox id,
-// as E2B's are when a sandbox allows public traffic.
+// as E2B's are when a sandbox allows public traffic, except ReservedPorts
+// (cubicled's own x11vnc and Chromium DevTools), which are refused.
 package dataplane
 
 import (
@@ -32,6 +33,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -44,6 +46,13 @@ import (
 
 // EnvdPort is envd's port, the one E2B's SDKs address envd at.
 const EnvdPort = 49983
+
+// ReservedPorts are the sandbox-loopback services of cubicled itself,
+// which the data plane does not open to whoever knows a sandbox id: the
+// desktop's x11vnc (api.DefaultVNCPort) and Chromium's DevTools
+// (api.DefaultCDPPort). Each one controls the desktop or the browser; the
+// native API serves them behind an API key or a view token (/vnc, /cdp).
+var ReservedPorts = []int{5999, 9222}
 
 // Routing and auth headers of E2B's data plane.
 const (
@@ -157,6 +166,10 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if t.Port == 0 {
 		writeError(w, http.StatusBadRequest, "E2b-Sandbox-Port must be a port number")
+		return
+	}
+	if slices.Contains(ReservedPorts, t.Port) {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("port %d is cubicle's own (live view or DevTools); use the native API's /v1/sandboxes/%s/vnc or /cdp", t.Port, t.ID))
 		return
 	}
 	if t.Port == EnvdPort {

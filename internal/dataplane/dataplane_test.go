@@ -352,3 +352,31 @@ func FuzzParseHost(f *testing.F) {
 		}
 	})
 }
+
+// TestReservedPorts checks that the data plane, open to whoever knows a
+// sandbox id, does not reach cubicled's own services in the sandbox
+// (x11vnc, Chromium's DevTools), by host or by header, with or without an
+// access token.
+func TestReservedPorts(t *testing.T) {
+	base := env(t)
+	for _, port := range ReservedPorts {
+		for _, how := range []string{"host", "headers"} {
+			req, _ := http.NewRequest("GET", base+"/json/version", nil)
+			if how == "host" {
+				req.Host = strconv.Itoa(port) + "-" + sandboxID + "." + domain
+			} else {
+				req.Header.Set("E2b-Sandbox-Id", sandboxID)
+				req.Header.Set("E2b-Sandbox-Port", strconv.Itoa(port))
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(b), `"code":403`) {
+				t.Errorf("port %d by %s: %d %s, want 403", port, how, resp.StatusCode, b)
+			}
+		}
+	}
+}
