@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -184,4 +185,34 @@ func TestForwardClosesBoth(t *testing.T) {
 		t.Fatalf("service side: %v (want EOF)", err)
 	}
 	up.Close()
+}
+
+// TestDialPort checks the forward as a net.Conn under an http.Transport:
+// HTTP to a loopback-only server, the way the daemon asks Chromium's
+// DevTools for /json/version.
+func TestDialPort(t *testing.T) {
+	sock := serve(t, "tok")
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "host "+r.Host+" path "+r.URL.Path)
+	}))
+	defer hs.Close()
+	port := hs.Listener.Addr().(*net.TCPAddr).Port
+	c := client(sock, "tok")
+	defer c.Close()
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return c.DialPort(ctx, port) },
+		DisableKeepAlives: true,
+	}}
+	resp, err := hc.Get("http://127.0.0.1:9222/json/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if got, want := string(b), "host 127.0.0.1:9222 path /json/version"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, err := c.DialPort(context.Background(), 1); err == nil {
+		t.Error("DialPort to a closed port succeeded")
+	}
 }

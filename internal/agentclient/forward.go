@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
+	"time"
 )
 
 // forwardProtocol must match agent.ForwardProtocol (the agent package is
@@ -41,3 +43,33 @@ func (c *Client) Forward(ctx context.Context, port int) (io.ReadWriteCloser, err
 	}
 	return rwc, nil
 }
+
+// DialPort is Forward as a net.Conn, for an http.Transport or a WebSocket
+// dialer that speaks to a service on the sandbox's loopback (Chromium's
+// DevTools). The stream has no deadlines: they are accepted and ignored, so
+// callers bound their reads and writes with contexts or by closing it.
+func (c *Client) DialPort(ctx context.Context, port int) (net.Conn, error) {
+	rwc, err := c.Forward(ctx, port)
+	if err != nil {
+		return nil, err
+	}
+	return &forwardConn{ReadWriteCloser: rwc, port: port}, nil
+}
+
+// forwardConn is a forwarded stream dressed as a net.Conn.
+type forwardConn struct {
+	io.ReadWriteCloser
+	port int
+}
+
+// forwardAddr names the far end of a forwarded stream.
+type forwardAddr int
+
+func (a forwardAddr) Network() string { return forwardProtocol }
+func (a forwardAddr) String() string  { return "sandbox-loopback:" + strconv.Itoa(int(a)) }
+
+func (c *forwardConn) LocalAddr() net.Addr              { return forwardAddr(0) }
+func (c *forwardConn) RemoteAddr() net.Addr             { return forwardAddr(c.port) }
+func (c *forwardConn) SetDeadline(time.Time) error      { return nil }
+func (c *forwardConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *forwardConn) SetWriteDeadline(time.Time) error { return nil }

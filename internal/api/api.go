@@ -146,6 +146,9 @@ type Config struct {
 	// Mounts serve requests outside the native API on the same port (E2B's
 	// data and control planes), tried in order before the native routes.
 	Mounts []Mount
+	// MCP serves POST /mcp (MCP over Streamable HTTP, internal/mcp) once
+	// the API key is checked; nil answers 404 there.
+	MCP http.Handler
 }
 
 // Mount is a handler the daemon also serves on its port. It gets the
@@ -263,12 +266,26 @@ func (s *server) routes() []route {
 		{pattern: "DELETE /v1/sandboxes/{id}/files", handler: s.deleteFile, agent: true},
 		{pattern: "GET /v1/sandboxes/{id}/files/list", handler: s.listFiles, agent: true},
 
+		{pattern: "POST /mcp", handler: s.mcp},
+
 		{pattern: "POST /v1/sandboxes/{id}/view", handler: s.createView},
 		{pattern: "GET /v1/sandboxes/{id}/vnc", handler: s.vnc, auth: authKeyOrTok, agent: true},
+		{pattern: "GET /v1/sandboxes/{id}/cdp", handler: s.cdp, auth: authKeyOrTok, agent: true},
+		{pattern: "GET /v1/sandboxes/{id}/cdp/json/version", handler: s.cdpJSONVersion, auth: authKeyOrTok, agent: true},
+		{pattern: "GET /v1/sandboxes/{id}/cdp/json/version/", handler: s.cdpJSONVersion, auth: authKeyOrTok, agent: true},
 		{pattern: "GET /view/{id}", handler: s.viewPage, auth: authKeyOrTok},
 		{pattern: "GET /{$}", handler: s.dashboard, auth: authOpen, page: true},
 		{pattern: "GET /static/", handler: s.static, auth: authOpen, page: true},
 	}
+}
+
+// mcp hands an authenticated request to the MCP server.
+func (s *server) mcp(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.MCP == nil {
+		s.writeError(w, r, &httpError{status: http.StatusNotFound, code: codeNotFound, msg: "this daemon serves no MCP endpoint"})
+		return
+	}
+	s.cfg.MCP.ServeHTTP(w, r)
 }
 
 func metricsAuth(required bool) authMode {

@@ -42,7 +42,8 @@ func TestAuth(t *testing.T) {
 					want = authOpen
 				case "GET /metrics":
 					want = metricsAuth(metricsKey)
-				case "GET /v1/sandboxes/{id}/vnc", "GET /view/{id}":
+				case "GET /v1/sandboxes/{id}/vnc", "GET /view/{id}", "GET /v1/sandboxes/{id}/cdp",
+					"GET /v1/sandboxes/{id}/cdp/json/version", "GET /v1/sandboxes/{id}/cdp/json/version/":
 					want = authKeyOrTok // refused below like a key route
 				}
 				if rt.auth != want {

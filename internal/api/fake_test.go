@@ -397,7 +397,7 @@ func (a *fakeAgent) handler() http.Handler {
 	mux.Handle(processconnect.NewProcessHandler(&fakeProcess{a: a}))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(&fakeFS{a: a}))
 	mux.HandleFunc("/files", a.serveFiles)
-	mux.HandleFunc("GET /forward", a.vnc.forward)
+	mux.HandleFunc("GET /forward", a.forward) // VNC, or DevTools (cdp_test.go)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(agentclient.TokenHeader) != agentToken {
 			http.Error(w, "bad token", http.StatusUnauthorized)

@@ -48,6 +48,10 @@ type Options struct {
 	// StartTimeout bounds how long Xvfb may take to accept connections
 	// before it is killed and started again (default 30s).
 	StartTimeout time.Duration
+	// ChromiumFlagsDir is where the image's Chromium launcher reads extra
+	// flags (default ChromiumFlagsDir); New writes the DevTools flag there
+	// when the directory exists.
+	ChromiumFlagsDir string
 }
 
 // Supervisor runs one desktop session. Create it with New, then Start it.
@@ -96,6 +100,15 @@ func New(cfg Config, opts Options) (*Supervisor, error) {
 	def(&opts.MaxBackoff, 30*time.Second)
 	def(&opts.StableAfter, 10*time.Second)
 	def(&opts.StartTimeout, 30*time.Second)
+	if opts.ChromiumFlagsDir == "" {
+		opts.ChromiumFlagsDir = ChromiumFlagsDir
+	}
+	// Chromium serves DevTools on the sandbox's loopback: flags for a
+	// Chromium the session runs itself, a flags file for the launcher.
+	cfg.Programs = devToolsPrograms(cfg.Programs)
+	if err := writeDevToolsFlags(opts.ChromiumFlagsDir); err != nil {
+		opts.Logger.Warn("chromium devtools disabled", "err", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Supervisor{
 		cfg: cfg, opts: opts, log: opts.Logger.With("component", "session"),
@@ -129,6 +142,7 @@ func (s *Supervisor) Add(progs []Program) error {
 			return fmt.Errorf("session: added program %d has no name or argv", i)
 		}
 	}
+	progs = devToolsPrograms(progs)
 	s.wg.Add(len(progs))
 	s.progs.Add(len(progs))
 	for _, p := range progs {
