@@ -123,7 +123,8 @@ func newRootCmd(a *app) *cobra.Command {
 		Short: "Control cubicle computer-use sandboxes",
 		Long: `cubicle talks to a cubicle daemon (cubicled) to create sandboxes with a
 desktop, drive them, run commands and copy files. The image subcommands run
-locally and need root.
+locally and need root. "cubicle mcp" serves the same abilities as MCP tools
+over stdio, for Claude Desktop and other MCP clients.
 
 Environment: CUBICLE_URL (daemon address), CUBICLE_API_KEY, CUBICLE_IMAGE_DIR.`,
 		SilenceUsage:  true,
@@ -146,6 +147,7 @@ Environment: CUBICLE_URL (daemon address), CUBICLE_API_KEY, CUBICLE_IMAGE_DIR.`,
 		createCmd(a), listCmd(a), getCmd(a), rmCmd(a), extendCmd(a), pauseCmd(a), resumeCmd(a),
 		screenshotCmd(a), clickCmd(a), moveCmd(a), dragCmd(a), scrollCmd(a), typeCmd(a), keyCmd(a), windowsCmd(a),
 		execCmd(a), cpCmd(a), infoCmd(a), viewCmd(a), imageCmd(a), volumeCmd(a), snapshotCmd(a), forkCmd(a),
+		mcpCmd(a),
 	)
 	return root
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/inflight"
+	"github.com/cubicle-dev/cubicle/internal/mcp"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/netpool"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -241,6 +242,18 @@ func run() error {
 			api.Mount{Name: "e2b", Claims: func(r *http.Request) bool { return e2b.OwnsPath(r.URL.Path) }, Handler: cp},
 		)
 	}
+	// Listen before the API is built: /mcp calls the REST API on this
+	// listener, over loopback.
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	mcpHandler := mcp.NewHTTPHandler(mcp.HTTPConfig{
+		DaemonURL:    "http://" + loopbackAddr(ln.Addr()),
+		KeysRequired: len(keys) > 0,
+		Version:      version,
+		Log:          log,
+	})
 	handler := api.New(api.Config{
 		APIKeys:        keys,
 		InFlight:       inFlight,
@@ -252,11 +265,8 @@ func run() error {
 		ViewKeepsAlive: *viewKeepsAlive,
 		Context:        ctx,
 		Mounts:         mounts,
+		MCP:            mcpHandler,
 	}, mgr, m, log)
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	// The settings that shape every sandbox, so an operator (and the
 	// configuration test) sees what the flags and variables came to.
@@ -314,6 +324,20 @@ func isLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackAddr is how the daemon reaches its own listener: the loopback
+// address of a listener on every address, the listener's address otherwise.
+func loopbackAddr(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return a.String()
+	}
+	if tcp.IP.IsUnspecified() {
+		// Go's wildcard listeners are dual-stack.
+		return net.JoinHostPort("127.0.0.1", strconv.Itoa(tcp.Port))
+	}
+	return tcp.String()
 }
 
 // newNetPool sets up sandbox networking when enabled; nil means sandboxes
