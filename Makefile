@@ -6,14 +6,14 @@ BIN       := bin
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 IMAGE_DIR ?= /var/lib/cubicle/images
-FUZZTIME  ?= 30s
+FUZZTIME  ?= 20s
 SOAK_SANDBOXES ?= 10
 SOAK_DURATION  ?= 30m
 CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork lint proto clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step lint proto clean
 
 all: build
 
@@ -97,6 +97,17 @@ bench-pool: deps image
 # rewrites only those sections (fork, snapshot) of BENCHMARKS.md.
 bench-fork: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-fork
+
+# bench-screenshot measures only native screenshots of the busy page
+# (unchanged and after a change) against scrot through exec, and
+# bench-agent-step an agent's step (act + settled screenshot in one call,
+# two calls, a fixed 2 s sleep) with screenshot bytes at model sizes; each
+# rewrites only its section of BENCHMARKS.md.
+bench-screenshot: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-screenshot
+
+bench-agent-step: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-agent-step
 
 lint:
 	gofmt -l . | (! grep .)
