@@ -10,7 +10,6 @@ import (
 	"image"
 	"image/color"
 	"image/png"
-	"os"
 	"regexp"
 	"strconv"
 	"strings"
@@ -349,34 +348,11 @@ func testOpenAI(t *testing.T, p cuPage, mx, my, wantX, wantY int) {
 	}
 }
 
-// openComputerPage puts the computer-use test page into the sandbox and
-// opens it in Chromium the way a person would.
+// openComputerPage opens the computer-use test page in the sandbox's
+// Chromium and waits until its target is painted.
 func openComputerPage(t *testing.T, c *client.Client, id string) {
 	t.Helper()
-	ctx := context.Background()
-	page, err := os.ReadFile("testdata/computer.html")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Upload(ctx, id, "/tmp/computer.html", bytes.NewReader(page)); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "chromium window", func() bool {
-		ws, err := c.Windows(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range ws {
-			if strings.Contains(strings.ToLower(w.Class), "chromium") {
-				return true
-			}
-		}
-		return false
-	})
-	if _, err := c.Actions(ctx, id, client.PressKey("ctrl+l"), client.TypeText("file:///tmp/computer.html"), client.PressKey("Return")); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "computer-use page", func() bool { return hasWindowTitle(t, c, id, "cu 0 ready") })
+	openPage(t, c, id, "computer.html", "cu 0 ready")
 	waitFor(t, "target painted", func() bool { return !findColour(screenshotImage(t, c, id), isBlue).Empty() })
 }
 

@@ -132,7 +132,14 @@ func testE2BSDK(t *testing.T, jsDir, backend string) {
 		t.Errorf("node --test: %v", err)
 	}
 
-	// Every sandbox the suite made is stopped and gone from the host.
+	assertSuiteLeftNothing(t, d, c, "SDK suite")
+}
+
+// assertSuiteLeftNothing checks, after a suite in another language drove
+// the daemon, that every sandbox it made is stopped and gone from the
+// host, and that it made one at all.
+func assertSuiteLeftNothing(t *testing.T, d *harness.Daemon, c *client.Client, suite string) {
+	t.Helper()
 	sbs, err := c.List(context.Background(), client.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -141,13 +148,13 @@ func testE2BSDK(t *testing.T, jsDir, backend string) {
 		t.Error("the daemon lists no sandbox: did the suite create any?")
 	}
 	for _, sb := range sbs {
-		if sb.State != "stopped" {
+		if sb.State != client.StateStopped {
 			t.Errorf("sandbox %s left %s by the suite", sb.ID, sb.State)
 			continue
 		}
 		assertNoTrace(t, d, sb.Backend, sb.ID)
 	}
-	t.Logf("%d sandboxes made and stopped by the SDK suite", len(sbs))
+	t.Logf("%d sandboxes made and stopped by the %s", len(sbs), suite)
 }
 
 // nodeForSDK gates t on a node the pinned SDKs support: their engines

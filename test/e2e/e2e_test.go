@@ -229,12 +229,21 @@ mv /usr/bin/xdotool.off /usr/bin/xdotool; exit $rc`}})
 // by typing its URL, the way a person would.
 func openTestPage(t *testing.T, c *client.Client, id string) {
 	t.Helper()
+	openPage(t, c, id, "page.html", "cubicle e2e")
+	waitFor(t, "test page painted", func() bool { return near(pixel(t, c, id, 512, 450), red) })
+}
+
+// openPage puts testdata/name into the sandbox's /tmp and opens it in
+// Chromium by typing its URL, the way a person would, until a window's
+// title shows title.
+func openPage(t *testing.T, c *client.Client, id, name, title string) {
+	t.Helper()
 	ctx := context.Background()
-	page, err := os.ReadFile("testdata/page.html")
+	page, err := os.ReadFile(filepath.Join("testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Upload(ctx, id, "/tmp/page.html", bytes.NewReader(page)); err != nil {
+	if _, err := c.Upload(ctx, id, "/tmp/"+name, bytes.NewReader(page)); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "chromium window", func() bool {
@@ -249,12 +258,11 @@ func openTestPage(t *testing.T, c *client.Client, id string) {
 		}
 		return false
 	})
-	_, err = c.Actions(ctx, id, client.PressKey("ctrl+l"), client.TypeText("file:///tmp/page.html"), client.PressKey("Return"))
+	_, err = c.Actions(ctx, id, client.PressKey("ctrl+l"), client.TypeText("file:///tmp/"+name), client.PressKey("Return"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "test page title", func() bool { return hasWindowTitle(t, c, id, "cubicle e2e") })
-	waitFor(t, "test page painted", func() bool { return near(pixel(t, c, id, 512, 450), red) })
+	waitFor(t, name+" title", func() bool { return hasWindowTitle(t, c, id, title) })
 }
 
 func hasWindowTitle(t *testing.T, c *client.Client, id, title string) bool {

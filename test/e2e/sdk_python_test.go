@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/client"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/test/harness"
 )
@@ -72,22 +70,7 @@ func testPythonSDK(t *testing.T, src, backend string) {
 		t.Errorf("the suite ran no tests")
 	}
 
-	// Every sandbox the suite made is stopped and gone from the host.
-	sbs, err := c.List(context.Background(), client.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(sbs) == 0 {
-		t.Error("the daemon lists no sandbox: did the suite create any?")
-	}
-	for _, sb := range sbs {
-		if sb.State != client.StateStopped {
-			t.Errorf("sandbox %s left %s by the suite", sb.ID, sb.State)
-			continue
-		}
-		assertNoTrace(t, d, sb.Backend, sb.ID)
-	}
-	t.Logf("%d sandboxes made and stopped by the Python suite", len(sbs))
+	assertSuiteLeftNothing(t, d, c, "Python suite")
 }
 
 // installPythonSDK makes a venv in a temporary directory and pip-installs

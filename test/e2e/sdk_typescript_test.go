@@ -1,14 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/client"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/test/harness"
 )
@@ -64,20 +62,5 @@ func testTypeScriptSDK(t *testing.T, dir, backend string) {
 		t.Errorf("node --test skipped %d tests; with a daemon given, none may be", n)
 	}
 
-	// Every sandbox the suite made is stopped and gone from the host.
-	sbs, err := c.List(context.Background(), client.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(sbs) == 0 {
-		t.Error("the daemon lists no sandbox: did the suite create any?")
-	}
-	for _, sb := range sbs {
-		if sb.State != client.StateStopped {
-			t.Errorf("sandbox %s left %s by the suite", sb.ID, sb.State)
-			continue
-		}
-		assertNoTrace(t, d, sb.Backend, sb.ID)
-	}
-	t.Logf("%d sandboxes made and stopped by the SDK suite", len(sbs))
+	assertSuiteLeftNothing(t, d, c, "SDK suite")
 }
