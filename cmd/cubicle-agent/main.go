@@ -82,6 +82,7 @@ func main() {
 func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop bool, defaultUser string, insecure bool, extra []net.Listener) error {
 	token := agent.TokenFromEnv() // before anything can inherit the environment
 	pooled := agent.PooledFromEnv()
+	devTools := agent.DevToolsFromEnv()
 	env := os.Environ()
 
 	var cfg *session.Config
@@ -196,7 +197,7 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 			log.Error("desktop session: bad geometry; using defaults", "err", err)
 			vars, _ = session.VarsFromEnv(func(string) string { return "" })
 		}
-		sup, err = session.New(cfg.Expand(vars), session.Options{Reaper: reaper, Desktop: desk, Env: env, Logger: log})
+		sup, err = session.New(cfg.Expand(vars), session.Options{Reaper: reaper, Desktop: desk, Env: env, Logger: log, DevTools: devTools})
 		if err != nil {
 			log.Error("desktop session disabled", "err", err)
 		} else {

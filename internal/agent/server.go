@@ -70,6 +70,21 @@ func PooledFromEnv() bool {
 	return v == "1"
 }
 
+// DevToolsEnv, set to "1" in a sandbox's environment at create, turns on
+// Chromium's DevTools on the sandbox's loopback for cubicled's CDP
+// endpoint. It is off unless asked for: a listening TCP socket in the
+// sandbox is what gVisor's checkpoint (runsc 20221219) cannot save, so a
+// sandbox with DevTools cannot pause on gvisor.
+const DevToolsEnv = "CUBICLE_DEVTOOLS"
+
+// DevToolsFromEnv reports DevToolsEnv and removes it from the
+// environment.
+func DevToolsFromEnv() bool {
+	v := os.Getenv(DevToolsEnv)
+	_ = os.Unsetenv(DevToolsEnv)
+	return v == "1"
+}
+
 // Options configure a Server.
 type Options struct {
 	// Token is the secret every request must carry in X-Cubicle-Token.

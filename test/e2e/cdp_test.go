@@ -81,7 +81,9 @@ func testCDP(t *testing.T, jsDir, backend string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			req := client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768}}
+			// DevTools is off unless the create asks for it.
+			req := client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768},
+				Env: map[string]string{"CUBICLE_DEVTOOLS": "1"}}
 			if isVM(backend) {
 				req.MemoryMB = 768
 			}

@@ -74,14 +74,22 @@ func TestWriteDevToolsFlags(t *testing.T) {
 	if es, _ := os.ReadDir(dir); len(es) != 1 {
 		t.Errorf("%d files in the flags directory, want 1", len(es))
 	}
-	// New writes it, and gives a Chromium it runs itself the flag.
-	sup, err := New(Config{Display: ":9", Xvfb: []string{"Xvfb"}, Programs: []Program{{Name: "browser", Argv: []string{"chromium"}}}},
-		Options{Reaper: &reap.Reaper{}, ChromiumFlagsDir: dir}) // New starts nothing
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sup.cancel()
-	if got := sup.cfg.Programs[0].Argv; !slices.Contains(got, "--remote-debugging-port=9222") {
-		t.Errorf("supervised Chromium argv %q", got)
+	// New with DevTools writes it, and gives a Chromium it runs itself
+	// the flag; without, neither (a listening socket keeps gVisor from
+	// checkpointing the sandbox).
+	for _, on := range []bool{false, true} {
+		fresh := t.TempDir()
+		sup, err := New(Config{Display: ":9", Xvfb: []string{"Xvfb"}, Programs: []Program{{Name: "browser", Argv: []string{"chromium"}}}},
+			Options{Reaper: &reap.Reaper{}, ChromiumFlagsDir: fresh, DevTools: on}) // New starts nothing
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := sup.cfg.Programs[0].Argv; slices.Contains(got, "--remote-debugging-port=9222") != on {
+			t.Errorf("DevTools %v: supervised Chromium argv %q", on, got)
+		}
+		if _, err := os.Stat(filepath.Join(fresh, devToolsFlagsFile)); (err == nil) != on {
+			t.Errorf("DevTools %v: flags file: %v", on, err)
+		}
+		sup.cancel()
 	}
 }

@@ -9,15 +9,13 @@ import (
 
 // chromiumFlags are what Chromium needs in a sandbox (MACHINE.md): no
 // sandbox of its own (it runs as root, or under gVisor), no GPU, and none of
-// the first-run and background traffic that floods a closed network; and
-// DevTools on the sandbox's loopback for cubicled's CDP endpoint
-// (DevToolsPort).
+// the first-run and background traffic that floods a closed network.
+// DevTools is added only when the session asks for it (Options.DevTools).
 var chromiumFlags = []string{
 	"--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check",
 	"--disable-background-networking", "--disable-component-update", "--disable-sync",
 	"--disable-dev-shm-usage", "--disable-breakpad", "--password-store=basic",
 	"--start-maximized", "--window-position=0,0", "--window-size={width},{height}",
-	devToolsFlag,
 }
 
 // FromFound returns the session that runs what detection found in an image

@@ -48,9 +48,12 @@ type Options struct {
 	// StartTimeout bounds how long Xvfb may take to accept connections
 	// before it is killed and started again (default 30s).
 	StartTimeout time.Duration
+	// DevTools turns on Chromium's DevTools on the sandbox's loopback
+	// (DevToolsPort), for cubicled's CDP endpoint.
+	DevTools bool
 	// ChromiumFlagsDir is where the image's Chromium launcher reads extra
-	// flags (default ChromiumFlagsDir); New writes the DevTools flag there
-	// when the directory exists.
+	// flags (default ChromiumFlagsDir); with DevTools, New writes the
+	// DevTools flag there when the directory exists.
 	ChromiumFlagsDir string
 }
 
@@ -103,11 +106,14 @@ func New(cfg Config, opts Options) (*Supervisor, error) {
 	if opts.ChromiumFlagsDir == "" {
 		opts.ChromiumFlagsDir = ChromiumFlagsDir
 	}
-	// Chromium serves DevTools on the sandbox's loopback: flags for a
-	// Chromium the session runs itself, a flags file for the launcher.
-	cfg.Programs = devToolsPrograms(cfg.Programs)
-	if err := writeDevToolsFlags(opts.ChromiumFlagsDir); err != nil {
-		opts.Logger.Warn("chromium devtools disabled", "err", err)
+	// With DevTools, Chromium serves it on the sandbox's loopback: flags
+	// for a Chromium the session runs itself, a flags file for the
+	// launcher.
+	if opts.DevTools {
+		cfg.Programs = devToolsPrograms(cfg.Programs)
+		if err := writeDevToolsFlags(opts.ChromiumFlagsDir); err != nil {
+			opts.Logger.Warn("chromium devtools disabled", "err", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Supervisor{
@@ -142,7 +148,9 @@ func (s *Supervisor) Add(progs []Program) error {
 			return fmt.Errorf("session: added program %d has no name or argv", i)
 		}
 	}
-	progs = devToolsPrograms(progs)
+	if s.opts.DevTools {
+		progs = devToolsPrograms(progs)
+	}
 	s.wg.Add(len(progs))
 	s.progs.Add(len(progs))
 	for _, p := range progs {
