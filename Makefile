@@ -13,7 +13,7 @@ CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step lint proto clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer lint proto clean
 
 all: build
 
@@ -108,6 +108,10 @@ bench-screenshot: deps image
 
 bench-agent-step: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-agent-step
+
+# bench-computer measures both of the above in one run, as issue 13 asks.
+bench-computer: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-computer
 
 lint:
 	gofmt -l . | (! grep .)

@@ -50,6 +50,10 @@ func main() {
 		// The desktop image's /usr/local/bin/xdotool: see internal/agent/xdo.
 		os.Exit(xdo.Main(os.Args[2:], os.Getenv, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "scrot" {
+		// The desktop image's /usr/local/bin/scrot: see internal/agent/xdo.
+		os.Exit(xdo.ScrotMain(os.Args[2:], os.Getenv, os.Stderr))
+	}
 	if vminit.IsInit() {
 		// The kernel passes its unknown parameters as arguments: no flags.
 		runVM()
@@ -180,7 +184,7 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 		if tl, err := xdo.Listen(xdo.SocketPath); err != nil {
 			log.Warn("xdotool type wrapper disabled", "err", err)
 		} else {
-			typeSrv = &http.Server{Handler: xdo.Handler(display, desk, log), ReadHeaderTimeout: 10 * time.Second}
+			typeSrv = &http.Server{Handler: xdo.Handler(display, desk, desk, log), ReadHeaderTimeout: 10 * time.Second}
 			go func() {
 				if err := typeSrv.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) {
 					log.Warn("xdotool type wrapper", "err", err)

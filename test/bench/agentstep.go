@@ -164,7 +164,7 @@ func ptr(v int) *int { return &v }
 // agentStepReport is the agent-step section of BENCHMARKS.md.
 func agentStepReport(backend string, rs []result, anthropicBytes int, sizes []shotSize, n int) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "## Agent step: act, then look (`go run ./test/bench -only-agent-step`, %s)\n\n", time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "## Agent step: act, then look (`go run ./test/bench -only-agent-step`, or with the screenshots above in one run `-only-computer`, %s)\n\n", time.Now().UTC().Format("2006-01-02"))
 	fmt.Fprintf(&b, "Machine: %s. Backend: `%s`, one sandbox at 1920×1080 with the busy page open in Chromium, through the REST API on loopback, all rows in the same run, %d steps each. The act scrolls the page 3 clicks (down and up in turns), so every look encodes a new screen; each step starts from a still screen (the wait for it is not timed). \"Settled\": the screenshot waits until the screen has had no X damage for %d ms.\n\n",
 		machine(), backend, n, agentStepSettleMS)
 	fmt.Fprintf(&b, "| step | p50 | p95 | fixed-sleep p50 / this p50 |\n|---|---|---|---|\n")

@@ -153,6 +153,7 @@ mv /usr/bin/xdotool.off /usr/bin/xdotool; exit $rc`}})
 				ws, _ := c.Windows(ctx, sb.ID)
 				t.Fatalf("xdotool type %q: window titles %+v, want one with %q", xtext, ws, "typed: "+text+xtext)
 			}
+			e2bDesktopCommands(t, c, sb.ID, "typed: "+text+xtext)
 
 			// JPEG and scaled screenshots decode to the requested size.
 			jpg, err := c.Screenshot(ctx, sb.ID, client.ScreenshotOptions{Format: "jpeg", Scale: 0.5})
@@ -481,5 +482,63 @@ func testBadInput(t *testing.T, backend string) {
 	var apiErr *client.APIError
 	if err := c.Destroy(ctx, "nosuchsandbox0000000000000"); !errors.As(err, &apiErr) || apiErr.Status != 404 {
 		t.Errorf("destroy unknown: %v, want 404", err)
+	}
+}
+
+// e2bDesktopCommands runs, as a user, the pointer, key and screenshot
+// commands E2B's Desktop SDK runs, with /usr/bin/xdotool and
+// /usr/bin/scrot moved away: the image's wrappers must serve them all
+// through the agent. The test page is open, its field focused, and the
+// window's title is title (the field's text after "typed: ").
+func e2bDesktopCommands(t *testing.T, c *client.Client, id, title string) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := c.Exec(ctx, id, client.ExecRequest{Argv: []string{"sh", "-c",
+		`mv /usr/bin/xdotool /usr/bin/xdotool.off || exit 9
+mv /usr/bin/scrot /usr/bin/scrot.off || { mv /usr/bin/xdotool.off /usr/bin/xdotool; exit 9; }
+su user -c "xdotool mousemove --sync 400 500 && xdotool click 1 && xdotool key End BackSpace && rm -f /tmp/e2b-shot.png && scrot --pointer /tmp/e2b-shot.png"; rc=$?
+mv /usr/bin/xdotool.off /usr/bin/xdotool; mv /usr/bin/scrot.off /usr/bin/scrot; exit $rc`}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("E2B Desktop's commands without /usr/bin/xdotool and /usr/bin/scrot: %+v %v", res, err)
+	}
+	// The click landed on the pad (the field keeps its focus) and the key
+	// took the last character away.
+	want := strings.TrimSuffix(title, string([]rune(title)[len([]rune(title))-1]))
+	if !eventually(20*time.Second, func() bool { return hasWindowTitle(t, c, id, want) && !hasWindowTitle(t, c, id, title) }) {
+		ws, _ := c.Windows(ctx, id)
+		t.Fatalf("xdotool key End BackSpace: window titles %+v, want one with %q", ws, want)
+	}
+	pos, err := c.CursorPosition(ctx, id)
+	if err != nil || pos.X != 400 || pos.Y != 500 {
+		t.Fatalf("cursor after xdotool mousemove 400 500: %+v %v", pos, err)
+	}
+	// The screenshot scrot wrote is the screen, with the pointer drawn at
+	// 400,500 on the green pad.
+	rc, err := c.Download(ctx, id, "/tmp/e2b-shot.png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(rc)
+	rc.Close()
+	if err != nil || img.Bounds().Dx() != 1024 || img.Bounds().Dy() != 768 {
+		t.Fatalf("scrot --pointer file: %v, %v; want a 1024x768 PNG", img.Bounds(), err)
+	}
+	rgba := func(x, y int) color.RGBA {
+		r, g, b, a := img.At(x, y).RGBA()
+		return color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(b >> 8), uint8(a >> 8)}
+	}
+	if got := rgba(512, 450); !near(got, green) {
+		t.Errorf("scrot file at 512,450 = %v, want the green pad %v", got, green)
+	}
+	pointer := 0
+	for y := 500; y < 512; y++ {
+		for x := 400; x < 406; x++ {
+			if !near(rgba(x, y), green) {
+				pointer++
+			}
+		}
+	}
+	if pointer < 10 {
+		t.Errorf("scrot --pointer file: %d pixels of the pointer at 400,500, want the pointer drawn", pointer)
 	}
 }

@@ -64,11 +64,13 @@ func Build() (string, error) {
 // RemoveBuild deletes what Build compiled. Every process that uses the
 // harness builds its own copy (about 50 MB in /tmp), so each must call it
 // when done: test packages from TestMain after m.Run, programs at exit,
-// once every daemon they started has stopped.
+// once every daemon they started has stopped. A later Build compiles
+// anew (a benchmark program measures one part after another).
 func RemoveBuild() {
 	if buildDir != "" {
 		os.RemoveAll(buildDir)
 	}
+	buildOnce, buildDir, buildErr = sync.Once{}, "", nil
 }
 
 // RepoRoot is the repository's root directory.

@@ -44,6 +44,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/cubicle-dev/cubicle/internal/action"
+	"github.com/cubicle-dev/cubicle/internal/computer"
 )
 
 // SocketPath is where the agent listens for typing requests. It is inside
@@ -75,9 +76,11 @@ type Typer interface {
 	Type(ctx context.Context, text string, delayMS int) error
 }
 
-// Handler serves POST /type for the display the agent drives.
-func Handler(display string, t Typer, log *slog.Logger) http.Handler {
+// Handler serves POST /type and POST /act (see act.go) for the display
+// the agent drives; d is the agent's desktop service.
+func Handler(display string, t Typer, d computer.Desktop, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("POST /act", serveAct(display, d, log))
 	mux.HandleFunc("POST /type", func(w http.ResponseWriter, r *http.Request) {
 		var req Request
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
@@ -242,10 +245,13 @@ func unixClient(path string) *http.Client {
 	}}
 }
 
-// Main is `cubicle-agent xdotool ARGS...`: it types through the agent when
-// it can and otherwise execs the real xdotool. It returns the exit status
-// when it does not exec.
+// Main is `cubicle-agent xdotool ARGS...`: it types, and runs the pointer
+// and key commands of act.go, through the agent when it can and otherwise
+// execs the real xdotool. It returns the exit status when it does not exec.
 func Main(args []string, getenv func(string) string, stderr io.Writer) int {
+	if code, handled := mainXdotool(args, getenv, stderr); handled {
+		return code
+	}
 	if text, delay, ok := ParseType(args); ok && getenv("DISPLAY") != "" {
 		n := utf8.RuneCountInString(text)
 		// Typing takes the delays plus a few ms a character; past that the

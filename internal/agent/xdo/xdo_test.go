@@ -111,8 +111,14 @@ func (f *typer) Type(_ context.Context, text string, delayMS int) error {
 	return nil
 }
 
-// serve runs Handler for display :0 on a real unix socket made by Listen.
+// serve runs Handler for display :0 on a real unix socket made by Listen,
+// with a desktop that refuses every action.
 func serve(t *testing.T, ty Typer) string {
+	return serveDesktop(t, ty, &desk{})
+}
+
+// serveDesktop is serve with d as the desktop /act drives.
+func serveDesktop(t *testing.T, ty Typer, d *desk) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "input", "type.sock")
 	ln, err := Listen(path)
@@ -123,7 +129,7 @@ func serve(t *testing.T, ty Typer) string {
 	if err != nil || fi.Mode().Perm() != 0o666 {
 		t.Errorf("socket mode = %v, %v; want 0666 so every user of the sandbox can connect", fi.Mode(), err)
 	}
-	srv := &http.Server{Handler: Handler(":0", ty, slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	srv := &http.Server{Handler: Handler(":0", ty, d, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return path
