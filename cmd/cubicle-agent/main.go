@@ -50,6 +50,10 @@ func main() {
 		// The desktop image's /usr/local/bin/xdotool: see internal/agent/xdo.
 		os.Exit(xdo.Main(os.Args[2:], os.Getenv, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "Xvfb" {
+		// The desktop image's /usr/local/bin/Xvfb: see internal/agent/xdo.
+		os.Exit(xdo.XvfbMain(os.Args[2:], os.Stderr))
+	}
 	if len(os.Args) > 1 && os.Args[1] == "scrot" {
 		// The desktop image's /usr/local/bin/scrot: see internal/agent/xdo.
 		os.Exit(xdo.ScrotMain(os.Args[2:], os.Getenv, os.Stderr))
@@ -178,21 +182,6 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 		go func() { serveErr <- srv.Serve(l) }()
 	}
 
-	var typeSrv *http.Server
-	if cfg != nil {
-		// Only a desktop sandbox has an xdotool for the wrapper to improve.
-		if tl, err := xdo.Listen(xdo.SocketPath); err != nil {
-			log.Warn("xdotool type wrapper disabled", "err", err)
-		} else {
-			typeSrv = &http.Server{Handler: xdo.Handler(display, desk, desk, log), ReadHeaderTimeout: 10 * time.Second}
-			go func() {
-				if err := typeSrv.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) {
-					log.Warn("xdotool type wrapper", "err", err)
-				}
-			}()
-		}
-	}
-
 	var sup *session.Supervisor
 	var vars session.Vars
 	if cfg != nil {
@@ -209,6 +198,26 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 			go func() {
 				if err := sup.Wait(context.Background()); err == nil {
 					log.Info("desktop ready")
+				}
+			}()
+		}
+	}
+
+	var typeSrv *http.Server
+	if cfg != nil {
+		// Only a desktop sandbox has the xdotool, scrot and Xvfb the
+		// image's wrappers improve.
+		if tl, err := xdo.Listen(xdo.SocketPath); err != nil {
+			log.Warn("desktop command wrappers (xdotool, scrot, Xvfb) disabled", "err", err)
+		} else {
+			var rs xdo.Resizer
+			if sup != nil {
+				rs = sup
+			}
+			typeSrv = &http.Server{Handler: xdo.Handler(display, desk, desk, rs, log), ReadHeaderTimeout: 10 * time.Second}
+			go func() {
+				if err := typeSrv.Serve(tl); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					log.Warn("xdotool type wrapper", "err", err)
 				}
 			}()
 		}

@@ -157,6 +157,33 @@ func envdPath(p string) bool {
 		p == "/files" || p == "/health"
 }
 
+// checkSignedFileURL checks a request to envd's /files that carries a
+// signature in place of the access token: GET is the read operation, POST
+// the write, and each parameter the signature covers appears once, so the
+// agent acts on exactly what was signed.
+func (rt *Router) checkSignedFileURL(r *http.Request, id string) error {
+	q := r.URL.Query()
+	for _, k := range []string{"path", "username", "signature", "signature_expiration"} {
+		if len(q[k]) > 1 {
+			return fmt.Errorf("signed URL: %s given %d times", k, len(q[k]))
+		}
+	}
+	var op string
+	switch r.Method {
+	case http.MethodGet:
+		op = "read"
+	case http.MethodPost:
+		op = "write"
+	default:
+		return fmt.Errorf("signed URL: %s is neither a download (GET) nor an upload (POST)", r.Method)
+	}
+	if err := e2b.CheckFileSignature(rt.cfg.TokenKey, id, q.Get("path"), op, q.Get("username"),
+		q.Get("signature"), q.Get("signature_expiration"), time.Now()); err != nil {
+		return fmt.Errorf("signed URL: %w", err)
+	}
+	return nil
+}
+
 // ServeHTTP proxies a request Match accepted.
 func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t, ok := rt.Match(r)
@@ -177,8 +204,17 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "no such envd endpoint: "+r.URL.Path)
 			return
 		}
-		// /health answers without a token (E2B's isRunning probes it).
-		if r.URL.Path != "/health" && !e2b.AccessTokenOK(rt.cfg.TokenKey, t.ID, r.Header.Get(headerAccessToken)) {
+		// /health answers without a token (E2B's isRunning probes it); a
+		// signed file URL (downloadUrl, uploadUrl) carries a signature
+		// of what it allows instead.
+		switch {
+		case r.URL.Path == "/health":
+		case r.Header.Get(headerAccessToken) == "" && r.URL.Path == "/files" && r.URL.Query().Has("signature"):
+			if err := rt.checkSignedFileURL(r, t.ID); err != nil {
+				writeError(w, http.StatusUnauthorized, err.Error())
+				return
+			}
+		case !e2b.AccessTokenOK(rt.cfg.TokenKey, t.ID, r.Header.Get(headerAccessToken)):
 			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox "+t.ID)
 			return
 		}

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -378,5 +380,73 @@ func TestReservedPorts(t *testing.T) {
 				t.Errorf("port %d by %s: %d %s, want 403", port, how, resp.StatusCode, b)
 			}
 		}
+	}
+}
+
+// TestSignedFileURLs uploads and downloads through signed URLs, which carry
+// no X-Access-Token, as E2B's uploadUrl and downloadUrl make them; a
+// signature for another path, operation or sandbox, an expired one, or a
+// parameter given twice is refused and changes nothing.
+func TestSignedFileURLs(t *testing.T) {
+	base := env(t)
+	route := sandboxHeaders(sandboxID, "")
+	p := filepath.Join(t.TempDir(), "signed.txt")
+	future := strconv.FormatInt(time.Now().Add(time.Minute).Unix(), 10)
+	past := strconv.FormatInt(time.Now().Add(-time.Second).Unix(), 10)
+	signed := func(method, path, op, exp, extra string) (int, string) {
+		t.Helper()
+		// root: the agent here runs on the host, which may have no "user".
+		q := url.Values{"path": {path}, "username": {"root"}, "signature": {e2b.FileSignature(tokenKey, sandboxID, path, op, "root", exp)}}
+		if exp != "" {
+			q.Set("signature_expiration", exp)
+		}
+		var body io.Reader
+		if method == "POST" {
+			body = strings.NewReader("signed " + op)
+		}
+		req, _ := http.NewRequest(method, base+"/files?"+q.Encode()+extra, body)
+		req.Header = route.Clone()
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	if code, body := signed("POST", p, "write", future, ""); code != 200 {
+		t.Fatalf("signed upload: %d %s", code, body)
+	}
+	if code, body := signed("GET", p, "read", "", ""); code != 200 || body != "signed write" {
+		t.Fatalf("signed download: %d %q", code, body)
+	}
+	for _, tc := range []struct {
+		name, method, path, op, exp, extra string
+	}{
+		{"expired", "POST", p, "write", past, ""},
+		{"read signature used to write", "POST", p, "read", "", ""},
+		{"write signature used to read", "GET", p, "write", "", ""},
+		{"path given twice", "POST", p, "write", "", "&path=" + url.QueryEscape(p+".2")},
+		{"another method", "PUT", p, "write", "", ""},
+	} {
+		if code, body := signed(tc.method, tc.path, tc.op, tc.exp, tc.extra); code != http.StatusUnauthorized || !strings.Contains(body, "signed URL") {
+			t.Errorf("%s: %d %s, want 401 saying why", tc.name, code, body)
+		}
+	}
+	if b, _ := os.ReadFile(p); string(b) != "signed write" {
+		t.Errorf("file after refused uploads: %q", b)
+	}
+	// A signature made for another sandbox's token.
+	q := url.Values{"path": {p}, "signature": {e2b.FileSignature(tokenKey, "other", p, "read", "", "")}}
+	req, _ := http.NewRequest("GET", base+"/files?"+q.Encode(), nil)
+	req.Header = route.Clone()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("another sandbox's signature: %d, want 401", resp.StatusCode)
 	}
 }

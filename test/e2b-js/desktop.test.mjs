@@ -70,7 +70,9 @@ describe('@e2b/desktop SDK, template desktop', { timeout: 15 * 60 * 1000 }, () =
     desktop = null
     const t0 = Date.now()
     try {
-      desktop = await Desktop.create(opts)
+      // A size other than the sandbox's own 1024x768: _start's Xvfb
+      // command must resize the display (the image's Xvfb wrapper).
+      desktop = await Desktop.create({ ...opts, resolution: [1280, 800], dpi: 120 })
     } catch (e) {
       // Let the rest of the suite run on a sandbox without _start.
       desktop = await Desktop.connect((await Sandbox.create('desktop', { ...opts, envs: { DISPLAY: ':0' } })).sandboxId)
@@ -79,18 +81,21 @@ describe('@e2b/desktop SDK, template desktop', { timeout: 15 * 60 * 1000 }, () =
     t.diagnostic(`Desktop.create took ${Date.now() - t0} ms`)
     assert.ok(desktop instanceof Desktop)
     assert.equal((await desktop.commands.run('echo $DISPLAY')).stdout, ':0\n')
+    const info = (await desktop.commands.run('xdpyinfo -display :0')).stdout
+    assert.match(info, /dimensions: +1280x800 pixels/)
+    assert.match(info, /resolution: +120x120 dots per inch/)
   })
 
   it('getScreenSize', async () => {
-    assert.deepEqual(await desktop.getScreenSize(), { width: 1024, height: 768 })
+    assert.deepEqual(await desktop.getScreenSize(), { width: 1280, height: 800 })
   })
 
   it('screenshot() returns a PNG of the screen size', async () => {
     const png = await desktop.screenshot()
     assert.ok(png instanceof Uint8Array, `screenshot() is a ${png?.constructor?.name}`)
-    assert.deepEqual(pngSize(png), { width: 1024, height: 768 })
+    assert.deepEqual(pngSize(png), { width: 1280, height: 800 })
     const blob = await desktop.screenshot('blob')
-    assert.deepEqual(pngSize(new Uint8Array(await blob.arrayBuffer())), { width: 1024, height: 768 })
+    assert.deepEqual(pngSize(new Uint8Array(await blob.arrayBuffer())), { width: 1280, height: 800 })
     // screenshot() removes its file afterwards (without waiting for it).
     // compgen, not ls: ls fails on any file under older gVisor (statx).
     await waitFor('screenshot files removed', async () =>
@@ -262,7 +267,7 @@ describe('@e2b/desktop SDK, template desktop', { timeout: 15 * 60 * 1000 }, () =
   it('Desktop.connect, getInfo, setTimeout, Sandbox.list', async () => {
     const again = await Desktop.connect(desktop.sandboxId)
     assert.ok(again instanceof Desktop)
-    assert.deepEqual(await again.getScreenSize(), { width: 1024, height: 768 })
+    assert.deepEqual(await again.getScreenSize(), { width: 1280, height: 800 })
     const info = await again.getInfo()
     assert.equal(info.sandboxId, desktop.sandboxId)
     assert.equal(info.templateId, 'desktop')

@@ -77,6 +77,12 @@ type Supervisor struct {
 	children map[int]string
 	desk     *desktop.Desktop // the display's connection while it is up
 	stopOnce sync.Once
+	// xvfb is the X server's argv, geomEnv the CUBICLE_WIDTH, _HEIGHT and
+	// _DPI a Resize gave every program started since, and restartNow
+	// makes runX start the X server a Resize stopped without a backoff.
+	xvfb       []string
+	geomEnv    []string
+	restartNow bool
 }
 
 // New returns a supervisor of cfg, which must be expanded (Config.Expand).
@@ -120,6 +126,7 @@ func New(cfg Config, opts Options) (*Supervisor, error) {
 		cfg: cfg, opts: opts, log: opts.Logger.With("component", "session"),
 		ctx: ctx, cancel: cancel,
 		ready: make(chan struct{}), up: make(chan struct{}), children: map[int]string{},
+		xvfb: slices.Clone(cfg.Xvfb),
 	}, nil
 }
 
@@ -318,7 +325,10 @@ func (s *Supervisor) spawn(name string, argv []string, user string, extraEnv []s
 	if err != nil {
 		return 0, nil, err
 	}
-	env := process.BuildEnv(acct, append(slices.Clip(s.opts.Env), extraEnv...), "", nil, map[string]string{"DISPLAY": s.cfg.Display})
+	s.mu.Lock()
+	base := append(slices.Clip(s.opts.Env), s.geomEnv...)
+	s.mu.Unlock()
+	env := process.BuildEnv(acct, append(base, extraEnv...), "", nil, map[string]string{"DISPLAY": s.cfg.Display})
 	dir := acct.Home
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		dir = "/"
@@ -398,7 +408,10 @@ func (s *Supervisor) runX() {
 	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
 	for s.ctx.Err() == nil {
 		began := time.Now()
-		pid, status, err := s.spawn(xvfbName, s.cfg.Xvfb, "root", nil)
+		s.mu.Lock()
+		argv := s.xvfb
+		s.mu.Unlock()
+		pid, status, err := s.spawn(xvfbName, argv, "root", nil)
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return
@@ -444,6 +457,13 @@ func (s *Supervisor) runX() {
 		}
 		if s.ctx.Err() != nil {
 			return
+		}
+		s.mu.Lock()
+		now := s.restartNow
+		s.restartNow = false
+		s.mu.Unlock()
+		if now {
+			continue // a Resize stopped it
 		}
 		s.setErr(fmt.Errorf("xvfb exited: %s", st.String()))
 		if !s.sleep(bo.next(time.Since(began))) {

@@ -76,11 +76,13 @@ type Typer interface {
 	Type(ctx context.Context, text string, delayMS int) error
 }
 
-// Handler serves POST /type and POST /act (see act.go) for the display
-// the agent drives; d is the agent's desktop service.
-func Handler(display string, t Typer, d computer.Desktop, log *slog.Logger) http.Handler {
+// Handler serves POST /type, POST /act (see act.go) and POST /screen
+// (xvfb.go) for the display the agent drives; d is the agent's desktop
+// service and r its session (nil: none, and /screen refuses).
+func Handler(display string, t Typer, d computer.Desktop, r Resizer, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST /act", serveAct(display, d, log))
+	mux.Handle("POST /screen", serveScreen(display, r, log))
 	mux.HandleFunc("POST /type", func(w http.ResponseWriter, r *http.Request) {
 		var req Request
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))

@@ -129,7 +129,7 @@ func serveDesktop(t *testing.T, ty Typer, d *desk) string {
 	if err != nil || fi.Mode().Perm() != 0o666 {
 		t.Errorf("socket mode = %v, %v; want 0666 so every user of the sandbox can connect", fi.Mode(), err)
 	}
-	srv := &http.Server{Handler: Handler(":0", ty, d, slog.New(slog.NewTextHandler(io.Discard, nil)))}
+	srv := &http.Server{Handler: Handler(":0", ty, d, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	return path
