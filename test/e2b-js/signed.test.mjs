@@ -55,6 +55,14 @@ function upload(addr, url, text) {
 describe('e2b SDK, signed file URLs', { timeout: 5 * 60 * 1000 }, () => {
   let sbx
   const tls = env('CUBICLE_TLS_ADDR')
+  // The SDK makes a link on the sandbox's own host (https://49983-ID.DOMAIN)
+  // unless E2B_SANDBOX_URL is set, which this suite sets for its other
+  // calls; then the link would point at that URL, which names no sandbox.
+  // Put the link on the host a user without E2B_SANDBOX_URL gets.
+  const own = (link) => {
+    const u = new URL(link)
+    return `https://${sbx.getHost(49983)}${u.pathname}${u.search}`
+  }
   const path = '/home/user/signed.txt'
   const text = 'uploaded through a signed URL ✓'
 
@@ -67,21 +75,21 @@ describe('e2b SDK, signed file URLs', { timeout: 5 * 60 * 1000 }, () => {
   })
 
   it('uploadUrl and downloadUrl work with no access token', async () => {
-    const up = await sbx.uploadUrl(path, { useSignatureExpiration: 120 })
+    const up = own(await sbx.uploadUrl(path, { useSignatureExpiration: 120 }))
     assert.match(up, /[?&]signature=v1_/)
     assert.match(up, /[?&]signature_expiration=\d+/)
     const r = await upload(tls, up, text)
     assert.equal(r.status, 200, `upload through ${up}: ${r.status} ${r.body}`)
     assert.equal(await sbx.files.read(path), text)
 
-    const down = await sbx.downloadUrl(path)
+    const down = own(await sbx.downloadUrl(path))
     const d = await fetchVia(tls, down)
     assert.equal(d.status, 200, `download through ${down}: ${d.status} ${d.body}`)
     assert.equal(d.body, text)
   })
 
   it('a signed URL allows only its own path and operation', async () => {
-    const down = await sbx.downloadUrl(path)
+    const down = own(await sbx.downloadUrl(path))
     const other = down.replace(encodeURIComponent(path), encodeURIComponent('/etc/shadow'))
     assert.notEqual(other, down)
     const r = await fetchVia(tls, other)
@@ -93,8 +101,8 @@ describe('e2b SDK, signed file URLs', { timeout: 5 * 60 * 1000 }, () => {
   })
 
   it('refuses after expiry, and changes nothing', async () => {
-    const down = await sbx.downloadUrl(path, { useSignatureExpiration: 1 })
-    const up = await sbx.uploadUrl(path, { useSignatureExpiration: 1 })
+    const down = own(await sbx.downloadUrl(path, { useSignatureExpiration: 1 }))
+    const up = own(await sbx.uploadUrl(path, { useSignatureExpiration: 1 }))
     await sleep(2500) // the expiration is whole seconds from now
     const d = await fetchVia(tls, down)
     assert.equal(d.status, 401, `an expired download URL: ${d.status} ${d.body}`)

@@ -165,7 +165,7 @@ func isDialError(err error) bool {
 // than type, as the actions that do exactly what xdotool would:
 //
 //	mousemove [--sync] X Y
-//	click [--repeat N] [--delay MS] BUTTON   (1-3 a click of N ≤ 3; 4-7 a scroll of N steps)
+//	click [--repeat N] [--delay MS] BUTTON   (1-3, 8, 9 a click of N ≤ 3; 4-7 N scroll steps MS apart, default 100)
 //	mousedown BUTTON, mouseup BUTTON          (1-3)
 //	key [--delay MS] COMBO...                 (each COMBO a key action; MS ≤ 1000 between them)
 //
@@ -193,7 +193,7 @@ func ParseXdotool(args []string) (acts []action.Action, ok bool) {
 		}
 		return []action.Action{{Type: action.TypeMove, X: &x, Y: &y}}, true
 	case "click":
-		repeat := 1
+		repeat, delay := 1, clickDelayMS
 		for len(rest) > 1 && strings.HasPrefix(rest[0], "-") {
 			n, err := strconv.Atoi(rest[1])
 			switch {
@@ -202,8 +202,7 @@ func ParseXdotool(args []string) (acts []action.Action, ok bool) {
 			case rest[0] == "--repeat" && n >= 1 && n <= action.MaxScrollAmount:
 				repeat = n
 			case rest[0] == "--delay" && n >= 0 && n <= action.MaxDelayMS:
-				// Between repeats: a double click is a double click
-				// at the agent's own interval.
+				delay = n
 			default:
 				return nil, false
 			}
@@ -213,12 +212,27 @@ func ParseXdotool(args []string) (acts []action.Action, ok bool) {
 			return nil, false
 		}
 		if dir, isWheel := wheel[rest[0]]; isWheel {
-			return []action.Action{{Type: action.TypeScroll, Direction: dir, Amount: repeat}}, true
+			// One step at a time with xdotool's pause between them:
+			// Chromium folds wheel events that come together into one,
+			// and a page counting them (E2B's scroll(dir, n)) would see
+			// fewer than n.
+			if 2*repeat-1 > maxWrapperActions {
+				return nil, false
+			}
+			for i := 0; i < repeat; i++ {
+				if i > 0 && delay > 0 {
+					acts = append(acts, action.Action{Type: action.TypeWait, DurationMS: delay})
+				}
+				acts = append(acts, action.Action{Type: action.TypeScroll, Direction: dir, Amount: 1})
+			}
+			return acts, true
 		}
 		b, okB := buttons[rest[0]]
 		if !okB || repeat > 3 {
 			return nil, false
 		}
+		// A double or triple click at the agent's own interval, which
+		// applications take as one (xdotool's 100 ms does too).
 		return []action.Action{{Type: action.TypeClick, Button: b, Count: repeat}}, true
 	case "mousedown", "mouseup":
 		if len(rest) != 1 {
@@ -270,6 +284,10 @@ func ParseXdotool(args []string) (acts []action.Action, ok bool) {
 	}
 	return nil, false
 }
+
+// clickDelayMS is xdotool's default pause between the clicks of
+// `click --repeat`.
+const clickDelayMS = 100
 
 // buttons are xdotool's button numbers the click actions take; wheel are
 // the ones X sends as scroll steps.

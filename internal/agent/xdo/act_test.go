@@ -87,8 +87,8 @@ func TestParseXdotool(t *testing.T) {
 		{"click 3", "click right"},
 		{"click --repeat 2 1", "click left ×2"},
 		{"click --repeat 3 1", "click left ×3"},
-		{"click --repeat 5 4", "scroll up ×5"},
-		{"click --repeat 3 5", "scroll down ×3"},
+		{"click --repeat 2 4", "scroll up; wait 100ms; scroll up"},
+		{"click --repeat 3 5", "scroll down; wait 100ms; scroll down; wait 100ms; scroll down"},
 		{"click 4", "scroll up"},
 		{"mousedown 1", "mouse_down left"},
 		{"mouseup 3", "mouse_up right"},
@@ -100,6 +100,8 @@ func TestParseXdotool(t *testing.T) {
 		// Other forms that mean the same to xdotool.
 		{"mousemove 0 0", "move 0,0"},
 		{"click 8", "click back"},
+		{"click --delay 20 --repeat 2 7", "scroll right; wait 20ms; scroll right"},
+		{"click --delay 0 --repeat 2 6", "scroll left; scroll left"},
 		{"click --delay 50 --repeat 2 1", "click left ×2"},
 		{"key Tab Tab", "key Tab; wait 12ms; key Tab"},
 		{"key --delay 0 a b", "key a; key b"},
@@ -115,6 +117,7 @@ func TestParseXdotool(t *testing.T) {
 		{"mousemove 99999 1", ""},
 		{"click --repeat 4 1", ""},
 		{"click --repeat 0 1", ""},
+		{"click --repeat 40 5", ""}, // more steps than one wrapped command runs
 		{"click --clearmodifiers 1", ""},
 		{"click 10", ""},
 		{"click 1 2", ""},
