@@ -24,10 +24,10 @@ func TestParseXvfb(t *testing.T) {
 		{":1 -screen 0 800x600", ScreenRequest{":1", 800, 600, 96}, true},
 		{":0 -screen 0 1024x768x24 +extension RANDR -noreset", ScreenRequest{":0", 1024, 768, 96}, true},
 		{"", ScreenRequest{}, false},
-		{":0", ScreenRequest{}, false},                                // no screen
-		{"-screen 0 1024x768x24", ScreenRequest{}, false},             // no display
-		{":0 -screen 1 1024x768x24", ScreenRequest{}, false},          // another screen
-		{":0 -screen 0 1024x768x16", ScreenRequest{}, false},          // another depth
+		{":0", ScreenRequest{}, false},                       // no screen
+		{"-screen 0 1024x768x24", ScreenRequest{}, false},    // no display
+		{":0 -screen 1 1024x768x24", ScreenRequest{}, false}, // another screen
+		{":0 -screen 0 1024x768x16", ScreenRequest{}, false}, // another depth
 		{":0 -screen 0 1024x768x24 -screen 0 1x1", ScreenRequest{}, false},
 		{":0 -screen 0 axb", ScreenRequest{}, false},
 		{":0 -screen 0 1024x768x24 -fbdir /tmp", ScreenRequest{}, false}, // unknown option
