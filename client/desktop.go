@@ -109,6 +109,11 @@ const (
 	ActionScreenSize     = "screen_size"
 	ActionScreenshot     = "screenshot"
 	ActionWindows        = "windows"
+	// ActionClipboardGet and ActionClipboardSet read and write the text
+	// of the desktop's clipboard (the CLIPBOARD selection, what ctrl+c
+	// copies and ctrl+v pastes).
+	ActionClipboardGet = "clipboard_get"
+	ActionClipboardSet = "clipboard_set"
 )
 
 // Point is a screen position; on the wire it is [x, y].
@@ -150,7 +155,8 @@ type Action struct {
 	// Direction is a scroll's up, down, left or right; Amount its steps.
 	Direction string `json:"direction,omitempty"`
 	Amount    int    `json:"amount,omitempty"`
-	// Text is what a type action types (any Unicode).
+	// Text is what a type action types (any Unicode), or what a
+	// clipboard_set puts on the clipboard (at most 64 KiB, no NUL).
 	Text    string `json:"text,omitempty"`
 	DelayMS int    `json:"delay_ms,omitempty"`
 	// Keys is a key combination such as "ctrl+shift+t" in xdotool keysym
@@ -210,6 +216,10 @@ func PressKey(keys string) Action { return Action{Type: ActionKey, Keys: keys} }
 // WaitMS returns an action pausing the list for ms milliseconds (≤ 60000).
 func WaitMS(ms int) Action { return Action{Type: ActionWait, DurationMS: ms} }
 
+// SetClipboard returns an action putting text on the desktop's clipboard,
+// for a later ctrl+v to paste.
+func SetClipboard(text string) Action { return Action{Type: ActionClipboardSet, Text: text} }
+
 // Window is one top-level window of the desktop.
 type Window struct {
 	ID      string `json:"id"`
@@ -248,7 +258,8 @@ func (w *Window) UnmarshalJSON(b []byte) error {
 // ActionResult is the result of one action. Which fields are set depends
 // on Type: X and Y for cursor_position; Width and Height for screen_size
 // and screenshot; Format and Data (decoded image bytes) for screenshot;
-// Windows for windows.
+// Windows for windows; Text for clipboard_get ("" for an empty
+// clipboard).
 type ActionResult struct {
 	Type    string   `json:"type"`
 	X       int      `json:"x,omitempty"`
@@ -258,6 +269,7 @@ type ActionResult struct {
 	Format  string   `json:"format,omitempty"`
 	Data    []byte   `json:"data,omitempty"`
 	Windows []Window `json:"windows,omitempty"`
+	Text    string   `json:"text,omitempty"`
 	// Settled and SettleWaitMS report, for a screenshot that asked to
 	// settle, whether the screen went still in time and how long it took.
 	Settled      *bool `json:"settled,omitempty"`
@@ -357,4 +369,19 @@ func (c *Client) ScreenSize(ctx context.Context, id string) (Resolution, error) 
 func (c *Client) Windows(ctx context.Context, id string) ([]Window, error) {
 	r, err := c.action(ctx, id, Action{Type: ActionWindows})
 	return r.Windows, err
+}
+
+// ClipboardGet returns the text on the desktop's clipboard: what an
+// application last copied, or the last ClipboardSet. It is "" when the
+// clipboard is empty or holds no text (an image).
+func (c *Client) ClipboardGet(ctx context.Context, id string) (string, error) {
+	r, err := c.action(ctx, id, Action{Type: ActionClipboardGet})
+	return r.Text, err
+}
+
+// ClipboardSet puts text (any Unicode, at most 64 KiB) on the desktop's
+// clipboard, where it stays until an application copies something else.
+func (c *Client) ClipboardSet(ctx context.Context, id, text string) error {
+	_, err := c.action(ctx, id, SetClipboard(text))
+	return err
 }

@@ -279,6 +279,31 @@ func TestSDKAgainstRealAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("ClipboardSet and ClipboardGet", func(t *testing.T) {
+		if text, err := c.ClipboardGet(ctx, sb.ID); err != nil || text != "" {
+			t.Errorf("ClipboardGet of a fresh desktop = %q, %v; want empty", text, err)
+		}
+		const text = "Grüße ✓ 東京\n😀"
+		if err := c.ClipboardSet(ctx, sb.ID, text); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := c.ClipboardGet(ctx, sb.ID); err != nil || got != text {
+			t.Errorf("ClipboardGet after ClipboardSet = %q, %v; want %q", got, err, text)
+		}
+		res, err := c.Actions(ctx, sb.ID, client.SetClipboard("in a list"), client.Action{Type: client.ActionClipboardGet})
+		if err != nil || len(res.Results) != 2 || res.Results[1].Text != "in a list" {
+			t.Errorf("set and get in one list: %+v, %v", res.Results, err)
+		}
+		for _, bad := range []string{"", "nul\x00", strings.Repeat("x", 64<<10+1)} {
+			if err := c.ClipboardSet(ctx, sb.ID, bad); !client.IsInvalidArgument(err) {
+				t.Errorf("ClipboardSet(%.20q): %v, want invalid_argument", bad, err)
+			}
+		}
+		if got, err := c.ClipboardGet(ctx, sb.ID); err != nil || got != "in a list" {
+			t.Errorf("after the refused sets the clipboard holds %q (%v), want what it held", got, err)
+		}
+	})
+
 	t.Run("Exec", func(t *testing.T) {
 		for _, tt := range []struct {
 			name           string

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/cubicle-dev/cubicle/internal/strictjson"
@@ -42,6 +43,11 @@ const (
 	TypeScreenSize     = "screen_size"
 	TypeScreenshot     = "screenshot"
 	TypeWindows        = "windows"
+	// TypeClipboardGet and TypeClipboardSet read and write the text of
+	// the desktop's CLIPBOARD selection (what ctrl+c copies and ctrl+v
+	// pastes). PRIMARY, the selection of the mouse, is left alone.
+	TypeClipboardGet = "clipboard_get"
+	TypeClipboardSet = "clipboard_set"
 )
 
 // Mouse buttons, scroll directions and screenshot formats.
@@ -77,6 +83,15 @@ const (
 	DefaultJPEGQuality = 80
 	MaxSettleMS        = 10000 // settle_ms and settle_max_ms of a screenshot
 	DefaultSettleMaxMS = 2000  // settle_max_ms when settle_ms is given alone
+
+	// MaxClipboardBytes bounds the text of clipboard_set. The agent
+	// serves it in one X request (ChangeProperty), which X limits to
+	// 256 KiB without BIG-REQUESTS, so it needs no INCR transfer.
+	MaxClipboardBytes = 64 << 10
+	// MaxClipboardReadBytes bounds what clipboard_get reads: an
+	// application may hold far more on its clipboard than anyone would
+	// type, and the text travels in a JSON answer.
+	MaxClipboardReadBytes = 1 << 20
 )
 
 // Action is one step of computer use. Which fields apply depends on Type (see
@@ -278,13 +293,16 @@ var allowed = map[string]fieldSet{
 	TypeScreenSize:     0,
 	TypeScreenshot:     fScreenshot,
 	TypeWindows:        0,
+	TypeClipboardGet:   0,
+	TypeClipboardSet:   fText,
 }
 
 // Types returns the known action types.
 func Types() []string {
 	return []string{TypeMove, TypeClick, TypeDoubleClick, TypeTripleClick, TypeMouseDown,
 		TypeMouseUp, TypeDrag, TypeScroll, TypeType, TypeKey, TypeKeyDown, TypeKeyUp,
-		TypeHoldKey, TypeWait, TypeCursorPosition, TypeScreenSize, TypeScreenshot, TypeWindows}
+		TypeHoldKey, TypeWait, TypeCursorPosition, TypeScreenSize, TypeScreenshot, TypeWindows,
+		TypeClipboardGet, TypeClipboardSet}
 }
 
 // Normalize checks one action's structure (everything that does not need the
@@ -382,6 +400,10 @@ func Normalize(a Action) (Action, error) {
 		if err := checkDuration(a.DurationMS); err != nil {
 			return a, err
 		}
+	case TypeClipboardSet:
+		if err := checkClipboardText(a.Text); err != nil {
+			return a, err
+		}
 	case TypeScreenshot:
 		if err := normalizeScreenshot(&a); err != nil {
 			return a, err
@@ -422,6 +444,26 @@ func checkText(text string) *Error {
 		if _, ok := RuneKeysym(r); !ok {
 			return errorf("text contains the character U+%04X, which cannot be typed", r)
 		}
+	}
+	return nil
+}
+
+// checkClipboardText checks the text of clipboard_set. Unlike typed text
+// it may hold any character, since nothing has to be on the keyboard, but
+// not NUL: applications read the clipboard as C strings and would cut the
+// text there.
+func checkClipboardText(text string) *Error {
+	if text == "" {
+		return errorf("clipboard_set needs text")
+	}
+	if len(text) > MaxClipboardBytes {
+		return errorf("text is %d bytes (at most %d)", len(text), MaxClipboardBytes)
+	}
+	if !utf8.ValidString(text) {
+		return errorf("text is not valid UTF-8")
+	}
+	if strings.IndexByte(text, 0) >= 0 {
+		return errorf("text contains the character U+0000 (NUL), which applications cannot paste")
 	}
 	return nil
 }

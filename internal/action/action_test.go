@@ -50,6 +50,12 @@ func TestParse(t *testing.T) {
 			[]Action{{Type: "screenshot", Format: "png", SettleMS: 300, SettleMaxMS: 10000}}},
 		{"screenshot settle equal", `{"type":"screenshot","settle_ms":10000,"settle_max_ms":10000}`,
 			[]Action{{Type: "screenshot", Format: "png", SettleMS: 10000, SettleMaxMS: 10000}}},
+		{"clipboard get", `{"type":"clipboard_get"}`, []Action{{Type: "clipboard_get"}}},
+		// Anything on the clipboard, even what no keyboard types.
+		{"clipboard set", `{"type":"clipboard_set","text":"héllo ✓ 東京 \u0001\t\n😀"}`,
+			[]Action{{Type: "clipboard_set", Text: "héllo ✓ 東京 \u0001\t\n😀"}}},
+		{"clipboard set longest", `{"type":"clipboard_set","text":"` + strings.Repeat("é", MaxClipboardBytes/2) + `"}`,
+			[]Action{{Type: "clipboard_set", Text: strings.Repeat("é", MaxClipboardBytes/2)}}},
 		{"list", `{"actions":[{"type":"cursor_position"},{"type":"screen_size"},{"type":"windows"}]}`,
 			[]Action{{Type: "cursor_position"}, {Type: "screen_size"}, {Type: "windows"}}},
 	}
@@ -102,6 +108,13 @@ func TestParseErrors(t *testing.T) {
 		{"type no text", `{"type":"type"}`, 0, "needs text"},
 		{"type control", `{"type":"type","text":"a\u0001"}`, 0, "U+0001"},
 		{"type long", `{"type":"type","text":"` + strings.Repeat("a", MaxTextBytes+1) + `"}`, 0, "bytes"},
+		{"clipboard set no text", `{"type":"clipboard_set"}`, 0, "clipboard_set needs text"},
+		{"clipboard set empty", `{"type":"clipboard_set","text":""}`, 0, "clipboard_set needs text"},
+		{"clipboard set long", `{"type":"clipboard_set","text":"` + strings.Repeat("a", MaxClipboardBytes+1) + `"}`, 0, "65537 bytes (at most 65536)"},
+		{"clipboard set NUL", `{"type":"clipboard_set","text":"a\u0000b"}`, 0, "NUL"},
+		{"clipboard set invalid UTF-8", "{\"type\":\"clipboard_set\",\"text\":\"a\xffb\"}", 0, "not valid UTF-8"},
+		{"clipboard get text", `{"type":"clipboard_get","text":"x"}`, 0, `"text" is not used by clipboard_get`},
+		{"clipboard set xy", `{"type":"clipboard_set","text":"x","x":1,"y":1}`, 0, `"x" is not used by clipboard_set`},
 		{"key none", `{"type":"key"}`, 0, "needs keys"},
 		{"key unknown", `{"type":"key","keys":"ctrl+blorp"}`, 0, `"blorp"`},
 		{"key empty", `{"type":"key","keys":"ctrl+"}`, 0, "empty key"},
@@ -286,6 +299,8 @@ func TestProtoRoundTrip(t *testing.T) {
 		`{"type":"click","button":"back"}`,
 		`{"type":"mouse_up","button":"forward"}`,
 		`{"type":"windows"}`,
+		`{"type":"clipboard_get"}`,
+		`{"type":"clipboard_set","text":"✓ 東京\n"}`,
 	}
 	for _, body := range bodies {
 		as, err := Parse([]byte(body))

@@ -22,6 +22,7 @@ func FuzzParse(f *testing.F) {
 		`{"type":"screenshot","settle_ms":9000}`,
 		`{"type":"click","button":"back"}`,
 		`{"type":"drag","path":[[0,0],[5,6]],"button":"forward"}`,
+		`{"actions":[{"type":"clipboard_set","text":"é✓\u0001"},{"type":"clipboard_get"}]}`,
 	} {
 		f.Add([]byte(s))
 	}

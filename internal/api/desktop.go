@@ -191,7 +191,8 @@ func (s *server) actions(w http.ResponseWriter, r *http.Request) {
 }
 
 // actionResult is the JSON form of one action's result: {"type"} plus the
-// fields its type reports (API.md "Desktop").
+// fields its type reports (API.md "Desktop"); clipboard_get always has
+// "text", "" for an empty clipboard.
 func actionResult(res computer.Result) map[string]any {
 	out := map[string]any{"type": res.Type}
 	switch {
@@ -217,6 +218,8 @@ func actionResult(res computer.Result) map[string]any {
 			})
 		}
 		out["windows"] = wins
+	case res.Text != nil:
+		out["text"] = *res.Text
 	}
 	return out
 }

@@ -432,7 +432,8 @@ func (a *fakeAgent) serveFiles(w http.ResponseWriter, r *http.Request) {
 
 type fakeDesktop struct {
 	desktopconnect.UnimplementedDesktopHandler
-	a *fakeAgent
+	a    *fakeAgent
+	clip string // clipboard_set's text, under a.mu
 }
 
 func (d *fakeDesktop) Screenshot(_ context.Context, req *connect.Request[desktop.ScreenshotRequest]) (*connect.Response[desktop.ScreenshotResponse], error) {
@@ -453,7 +454,7 @@ func shotFor(r *desktop.ScreenshotRequest) *desktop.ScreenshotResponse {
 func (d *fakeDesktop) Act(_ context.Context, req *connect.Request[desktop.ActRequest]) (*connect.Response[desktop.ActResponse], error) {
 	d.a.mu.Lock()
 	d.a.lastAct = req.Msg
-	d.a.mu.Unlock()
+	defer d.a.mu.Unlock()
 	resp := &desktop.ActResponse{FailedIndex: -1}
 	for i, act := range req.Msg.GetActions() {
 		if act.X != nil && act.GetX() >= 1024 {
@@ -478,6 +479,10 @@ func (d *fakeDesktop) Act(_ context.Context, req *connect.Request[desktop.ActReq
 			res.Screenshot = shotFor(act.GetScreenshot())
 		case "windows":
 			res.Windows = []*desktop.Window{{Id: 7, Title: "Chromium", Class: "chromium", Width: 800, Height: 600, Focused: true}}
+		case "clipboard_set":
+			d.clip = act.GetText()
+		case "clipboard_get":
+			res.Text = d.clip
 		}
 		resp.Results = append(resp.Results, res)
 	}

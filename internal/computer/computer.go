@@ -62,13 +62,15 @@ type Window struct {
 
 // Result is what one action reported. Only the field of its type is set:
 // Cursor for cursor_position, Size for screen_size, Image for screenshot,
-// Windows for windows; the other types report nothing.
+// Windows for windows, Text for clipboard_get (pointing at "" when the
+// clipboard holds no text); the other types report nothing.
 type Result struct {
 	Type    string
 	Cursor  *Point
 	Size    *Size
 	Image   *Image
 	Windows []Window
+	Text    *string
 }
 
 // Failure codes: the API error code an agent-side failure maps to.
@@ -179,6 +181,11 @@ func fromProto(res *desktop.ActionResult) Result {
 				Focused: w.GetFocused(),
 			})
 		}
+	case action.TypeClipboardGet:
+		// The agent checks the text; a caller gets valid UTF-8 even from
+		// one that did not.
+		text := strings.ToValidUTF8(res.GetText(), "\uFFFD")
+		r.Text = &text
 	}
 	return r
 }

@@ -25,6 +25,7 @@ type recordingDesktop struct {
 	failCode string
 	got      [][]action.Action
 	cursor   Point
+	clip     string // what clipboard_set left, as the agent holds it
 }
 
 func newRecordingDesktop(w, h int) *recordingDesktop {
@@ -61,6 +62,10 @@ func (d *recordingDesktop) Act(_ context.Context, req *connect.Request[desktop.A
 			}
 			desc, _ := json.Marshal(a)
 			res.Screenshot = &desktop.ScreenshotResponse{Format: a.Format, Width: int32(w), Height: int32(h), Data: desc}
+		case action.TypeClipboardSet:
+			d.clip = a.Text
+		case action.TypeClipboardGet:
+			res.Text = d.clip
 		default:
 			if a.X != nil {
 				d.cursor = Point{*a.X, *a.Y}

@@ -26,6 +26,7 @@ type fakeBackend struct {
 	files   map[string][]byte
 	delay   time.Duration // every call takes this long
 	created int
+	clip    string
 }
 
 func newFake() *fakeBackend { return &fakeBackend{files: map[string][]byte{}} }
@@ -128,6 +129,25 @@ func (f *fakeBackend) Download(_ context.Context, id, path string) (io.ReadClose
 		return nil, &client.APIError{Status: http.StatusNotFound, Code: client.CodeNotFound, Message: "no such file: " + path}
 	}
 	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+func (f *fakeBackend) ClipboardGet(_ context.Context, id string) (string, error) {
+	f.record("clipboard_get " + id)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.clip, nil
+}
+
+// ClipboardSet refuses what the daemon refuses: more than 64 KiB.
+func (f *fakeBackend) ClipboardSet(_ context.Context, id, text string) error {
+	f.record("clipboard_set " + id)
+	if len(text) > 64<<10 {
+		return &client.APIError{Status: 400, Code: client.CodeInvalidArgument, Message: fmt.Sprintf("action 0: text is %d bytes (at most 65536)", len(text))}
+	}
+	f.mu.Lock()
+	f.clip = text
+	f.mu.Unlock()
+	return nil
 }
 
 func pngOf(w, h int) []byte {

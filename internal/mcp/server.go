@@ -58,6 +58,8 @@ type Backend interface {
 	Exec(ctx context.Context, id string, req client.ExecRequest) (client.ExecResult, error)
 	Upload(ctx context.Context, id, path string, r io.Reader) (client.FileInfo, error)
 	Download(ctx context.Context, id, path string) (io.ReadCloser, error)
+	ClipboardGet(ctx context.Context, id string) (string, error)
+	ClipboardSet(ctx context.Context, id, text string) error
 }
 
 var _ Backend = (*client.Client)(nil)
@@ -92,10 +94,11 @@ func NewServer(backend BackendFor, opts Options) *mcp.Server {
 	t.addLifecycle(s)
 	t.addComputer(s)
 	t.addCommandsAndFiles(s)
+	t.addClipboard(s)
 	return s
 }
 
-const instructions = `cubicle gives you isolated Linux desktops (sandboxes). Call create_sandbox, then pass the sandbox_id it returns to every other tool. The desktop tools are named after the actions of Anthropic's computer tool (screenshot, left_click, type, key, scroll, zoom, …); coordinates are in the pixels of the screenshots they return. Destroy a sandbox when you are done with it.`
+const instructions = `cubicle gives you isolated Linux desktops (sandboxes). Call create_sandbox, then pass the sandbox_id it returns to every other tool. The desktop tools are named after the actions of Anthropic's computer tool (screenshot, left_click, type, key, scroll, zoom, …); coordinates are in the pixels of the screenshots they return. clipboard_get and clipboard_set read and write the desktop's clipboard, which is faster than typing long text: set it, then press ctrl+v. Destroy a sandbox when you are done with it.`
 
 type tools struct {
 	backend BackendFor

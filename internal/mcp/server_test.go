@@ -114,7 +114,7 @@ func TestListTools(t *testing.T) {
 		}
 	}
 	want := append([]string{"create_sandbox", "list_sandboxes", "destroy_sandbox", "extend_sandbox", "view_sandbox",
-		"run_command", "read_file", "write_file"}, computer.AnthropicActions()...)
+		"run_command", "read_file", "write_file", "clipboard_get", "clipboard_set"}, computer.AnthropicActions()...)
 	slices.Sort(names)
 	slices.Sort(want)
 	if diff := cmp.Diff(want, names); diff != "" {
@@ -187,6 +187,22 @@ func TestTools(t *testing.T) {
 		t.Errorf("read_file binary: %q", text(res))
 	}
 
+	// The clipboard: "" when empty, then what was set, exactly.
+	res = call(t, cs, "clipboard_get", map[string]any{"sandbox_id": "sb1"})
+	if sc, _ := json.Marshal(res.StructuredContent); res.IsError || string(sc) != `{"text":""}` {
+		t.Errorf("clipboard_get of an empty clipboard: %v %s", res.IsError, sc)
+	}
+	if res = call(t, cs, "clipboard_set", map[string]any{"sandbox_id": "sb1", "text": "héllo ✓\n"}); res.IsError || !strings.Contains(text(res), "8 characters") {
+		t.Errorf("clipboard_set: %v %q", res.IsError, text(res))
+	}
+	res = call(t, cs, "clipboard_get", map[string]any{"sandbox_id": "sb1"})
+	if got, _ := res.StructuredContent.(map[string]any); res.IsError || got["text"] != "héllo ✓\n" {
+		t.Errorf("clipboard_get: %v %#v", res.IsError, res.StructuredContent)
+	}
+	if !strings.Contains(text(res), `"text": "héllo ✓\n"`) {
+		t.Errorf("clipboard_get text content: %q", text(res))
+	}
+
 	if res = call(t, cs, "view_sandbox", map[string]any{"sandbox_id": "sb1"}); !strings.Contains(text(res), "http://daemon/view/sb1") {
 		t.Errorf("view_sandbox: %q", text(res))
 	}
@@ -228,6 +244,11 @@ func TestBadInput(t *testing.T) {
 		{"write_file", map[string]any{"sandbox_id": "sb1", "path": "/x", "content": "a", "encoding": "utf-16"}, "encoding", false},
 		{"create_sandbox", map[string]any{"width": 100}, "together", false},
 		{"extend_sandbox", map[string]any{"sandbox_id": "sb1", "timeout_seconds": -1}, "0 or more", false},
+		{"clipboard_set", map[string]any{"sandbox_id": "sb1", "text": ""}, "text is empty", false},
+		{"clipboard_set", map[string]any{"sandbox_id": "sb1"}, "text", false},
+		{"clipboard_set", map[string]any{"text": "x"}, "sandbox_id", false},
+		{"clipboard_set", map[string]any{"sandbox_id": "sb1", "text": strings.Repeat("x", 64<<10+1)}, "at most 65536", true},
+		{"clipboard_get", map[string]any{"sandbox_id": "sb1", "text": "x"}, "text", false},
 	} {
 		before := len(f.Calls())
 		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: c.tool, Arguments: c.args})

@@ -469,20 +469,21 @@ func (x *Point) GetY() int32 {
 }
 
 type Action struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
-	X             *int32                 `protobuf:"varint,2,opt,name=x,proto3,oneof" json:"x,omitempty"`
-	Y             *int32                 `protobuf:"varint,3,opt,name=y,proto3,oneof" json:"y,omitempty"`
-	Button        string                 `protobuf:"bytes,4,opt,name=button,proto3" json:"button,omitempty"`
-	Count         int32                  `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
-	Path          []*Point               `protobuf:"bytes,6,rep,name=path,proto3" json:"path,omitempty"`
-	Direction     string                 `protobuf:"bytes,7,opt,name=direction,proto3" json:"direction,omitempty"`
-	Amount        int32                  `protobuf:"varint,8,opt,name=amount,proto3" json:"amount,omitempty"`
-	Text          string                 `protobuf:"bytes,9,opt,name=text,proto3" json:"text,omitempty"`
-	DelayMs       uint32                 `protobuf:"varint,10,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
-	Keys          []string               `protobuf:"bytes,11,rep,name=keys,proto3" json:"keys,omitempty"`
-	DurationMs    uint32                 `protobuf:"varint,12,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
-	Screenshot    *ScreenshotRequest     `protobuf:"bytes,13,opt,name=screenshot,proto3" json:"screenshot,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Type      string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	X         *int32                 `protobuf:"varint,2,opt,name=x,proto3,oneof" json:"x,omitempty"`
+	Y         *int32                 `protobuf:"varint,3,opt,name=y,proto3,oneof" json:"y,omitempty"`
+	Button    string                 `protobuf:"bytes,4,opt,name=button,proto3" json:"button,omitempty"`
+	Count     int32                  `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	Path      []*Point               `protobuf:"bytes,6,rep,name=path,proto3" json:"path,omitempty"`
+	Direction string                 `protobuf:"bytes,7,opt,name=direction,proto3" json:"direction,omitempty"`
+	Amount    int32                  `protobuf:"varint,8,opt,name=amount,proto3" json:"amount,omitempty"`
+	// What type types, and what clipboard_set puts on the clipboard.
+	Text          string             `protobuf:"bytes,9,opt,name=text,proto3" json:"text,omitempty"`
+	DelayMs       uint32             `protobuf:"varint,10,opt,name=delay_ms,json=delayMs,proto3" json:"delay_ms,omitempty"`
+	Keys          []string           `protobuf:"bytes,11,rep,name=keys,proto3" json:"keys,omitempty"`
+	DurationMs    uint32             `protobuf:"varint,12,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	Screenshot    *ScreenshotRequest `protobuf:"bytes,13,opt,name=screenshot,proto3" json:"screenshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -709,14 +710,17 @@ func (x *Window) GetFocused() bool {
 }
 
 type ActionResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Type          string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
-	X             int32                  `protobuf:"varint,2,opt,name=x,proto3" json:"x,omitempty"`
-	Y             int32                  `protobuf:"varint,3,opt,name=y,proto3" json:"y,omitempty"`
-	Width         int32                  `protobuf:"varint,4,opt,name=width,proto3" json:"width,omitempty"`
-	Height        int32                  `protobuf:"varint,5,opt,name=height,proto3" json:"height,omitempty"`
-	Windows       []*Window              `protobuf:"bytes,6,rep,name=windows,proto3" json:"windows,omitempty"`
-	Screenshot    *ScreenshotResponse    `protobuf:"bytes,7,opt,name=screenshot,proto3" json:"screenshot,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Type       string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	X          int32                  `protobuf:"varint,2,opt,name=x,proto3" json:"x,omitempty"`
+	Y          int32                  `protobuf:"varint,3,opt,name=y,proto3" json:"y,omitempty"`
+	Width      int32                  `protobuf:"varint,4,opt,name=width,proto3" json:"width,omitempty"`
+	Height     int32                  `protobuf:"varint,5,opt,name=height,proto3" json:"height,omitempty"`
+	Windows    []*Window              `protobuf:"bytes,6,rep,name=windows,proto3" json:"windows,omitempty"`
+	Screenshot *ScreenshotResponse    `protobuf:"bytes,7,opt,name=screenshot,proto3" json:"screenshot,omitempty"`
+	// The text of the CLIPBOARD selection, for clipboard_get ("" when the
+	// clipboard is empty or holds no text).
+	Text          string `protobuf:"bytes,8,opt,name=text,proto3" json:"text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -798,6 +802,13 @@ func (x *ActionResult) GetScreenshot() *ScreenshotResponse {
 		return x.Screenshot
 	}
 	return nil
+}
+
+func (x *ActionResult) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
 }
 
 type ActRequest struct {
@@ -1302,7 +1313,7 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"\x01y\x18\x05 \x01(\x05R\x01y\x12\x14\n" +
 	"\x05width\x18\x06 \x01(\x05R\x05width\x12\x16\n" +
 	"\x06height\x18\a \x01(\x05R\x06height\x12\x18\n" +
-	"\afocused\x18\b \x01(\bR\afocused\"\xd4\x01\n" +
+	"\afocused\x18\b \x01(\bR\afocused\"\xe8\x01\n" +
 	"\fActionResult\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\f\n" +
 	"\x01x\x18\x02 \x01(\x05R\x01x\x12\f\n" +
@@ -1312,7 +1323,8 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"\awindows\x18\x06 \x03(\v2\x0f.desktop.WindowR\awindows\x12;\n" +
 	"\n" +
 	"screenshot\x18\a \x01(\v2\x1b.desktop.ScreenshotResponseR\n" +
-	"screenshot\"7\n" +
+	"screenshot\x12\x12\n" +
+	"\x04text\x18\b \x01(\tR\x04text\"7\n" +
 	"\n" +
 	"ActRequest\x12)\n" +
 	"\aactions\x18\x01 \x03(\v2\x0f.desktop.ActionR\aactions\"\x96\x01\n" +

@@ -1,7 +1,8 @@
 // Package desktop is the in-sandbox agent's native X11 desktop: screenshots
 // (X GetImage, through MIT-SHM when the server allows it), input (XTEST fake
-// events), the keyboard mapping, the window list, and the Connect handler that
-// serves them to the host (proto/desktop).
+// events), the keyboard mapping, the window list, the clipboard (the X
+// selection protocol, clipboard.go), and the Connect handler that serves
+// them to the host (proto/desktop).
 //
 // It speaks the X protocol itself through github.com/jezek/xgb, a pure-Go X
 // client with no cgo, so the agent stays one static binary that runs in any
@@ -59,6 +60,10 @@ type Desktop struct {
 	// keeps the last screenshots, good while no damage arrives.
 	track *damageTracker
 	shots shotCache
+
+	// clip reads and owns the CLIPBOARD selection (nil if its window
+	// could not be made).
+	clip *clipboard
 
 	ready     atomic.Bool
 	closeOnce sync.Once
@@ -123,6 +128,11 @@ func setup(conn *xgb.Conn, display string) (*Desktop, error) {
 	// Without DAMAGE (or its window) a settle cannot be observed and no
 	// encoding is reused: screenshots capture at once, every time.
 	d.track, _ = newDamageTracker(conn, d.root, d.atoms.fence)
+	// Without it (it fails only if the server refuses a window) the
+	// clipboard actions fail and the rest works.
+	if clip, err := newClipboard(conn, d.root, d.events); err == nil {
+		d.clip = clip
+	}
 	if shm.Init(conn) == nil {
 		// A failure here (no SysV IPC, as under some sandboxes, or a server
 		// that cannot attach our segment) leaves plain GetImage in use.
@@ -145,8 +155,8 @@ func setup(conn *xgb.Conn, display string) (*Desktop, error) {
 
 // eventLoop drains the connection's events, which xgb otherwise buffers
 // until it blocks every reply, drops the cached keyboard mapping when the
-// mapping changes and hands damage and fences to the tracker. It ends when
-// the connection closes.
+// mapping changes, hands damage and fences to the tracker and selection
+// traffic to the clipboard. It ends when the connection closes.
 func (d *Desktop) eventLoop() {
 	defer close(d.events)
 	if d.track != nil {
@@ -158,6 +168,9 @@ func (d *Desktop) eventLoop() {
 			return
 		}
 		if d.track != nil && d.track.event(ev) {
+			continue
+		}
+		if d.clip != nil && d.clip.event(ev) {
 			continue
 		}
 		if _, ok := ev.(xproto.MappingNotifyEvent); ok {
@@ -204,7 +217,7 @@ func (d *Desktop) Size() (width, height int) { return d.width, d.height }
 func (d *Desktop) Ready() bool { return d.ready.Load() }
 
 // Capabilities lists what this connection can do: CapXTEST, and CapSHM,
-// CapXFixes and CapDamage when the server supports them.
+// CapXFixes, CapDamage and CapClipboard when the server supports them.
 func (d *Desktop) Capabilities() []string {
 	caps := []string{CapXTEST}
 	d.shotMu.Lock()
@@ -217,6 +230,9 @@ func (d *Desktop) Capabilities() []string {
 	}
 	if d.track != nil {
 		caps = append(caps, CapDamage)
+	}
+	if d.clip != nil {
+		caps = append(caps, CapClipboard)
 	}
 	return caps
 }

@@ -63,6 +63,15 @@ func (d *Desktop) Do(ctx context.Context, a action.Action) (*desktop.ActionResul
 		}
 		res.Windows = ws
 		return res, nil
+	case action.TypeClipboardGet:
+		text, err := d.ClipboardGet(ctx)
+		if err != nil {
+			return nil, err
+		}
+		res.Text = text
+		return res, nil
+	case action.TypeClipboardSet:
+		return res, d.ClipboardSet(ctx, a.Text)
 	}
 
 	d.inputMu.Lock()
