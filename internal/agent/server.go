@@ -260,7 +260,7 @@ func (i tokenInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc
 
 // Capabilities are what the agent can do beyond the desktop's own
 // capabilities; Info reports both so the daemon can gate features.
-var Capabilities = []string{"process", "process.pty", "process.stdin", "filesystem", "files.multipart"}
+var Capabilities = []string{"process", "process.pty", "process.stdin", "filesystem", "filesystem.watch", "files.multipart"}
 
 // capabilities appends the agent's Capabilities to desktop Info responses.
 type capabilities struct{}
@@ -325,12 +325,14 @@ func (s *Server) Serve(ln net.Listener) error {
 }
 
 // Shutdown stops every Serve call: listeners close at once, requests in
-// flight (including process streams) get until ctx ends, and are then cut
-// (the error says so). Processes keep running.
+// flight (including process and watch streams) get until ctx ends, and are
+// then cut (the error says so); polled directory watchers stop at once.
+// Processes keep running.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	servers := s.servers
 	s.mu.Unlock()
+	s.Files.Close()
 	var errs []error
 	for _, srv := range servers {
 		if err := srv.Shutdown(ctx); err != nil {

@@ -123,8 +123,11 @@ func testE2BSDK(t *testing.T, jsDir, backend string) {
 		"NO_COLOR=1",
 	}
 	// Suite files are run one at a time: each one starts a desktop.
-	out, err := runLogged(t, 25*time.Minute, jsDir, env,
-		"node", "--test", "--test-reporter=spec", "--test-concurrency=1")
+	// CUBICLE_E2B_JS_ARGS narrows a run by hand to files or tests:
+	// "--test-name-pattern=watch basic.test.mjs".
+	args := []string{"--test", "--test-reporter=spec", "--test-concurrency=1"}
+	args = append(args, strings.Fields(os.Getenv("CUBICLE_E2B_JS_ARGS"))...)
+	out, err := runLogged(t, 25*time.Minute, jsDir, env, "node", args...)
 	if skips := imageGapLines(out); len(skips) > 0 {
 		t.Logf("skipped for gaps of the desktop image (CUBICLE_REQUIRE_E2E=1 fails them):\n%s", strings.Join(skips, "\n"))
 	}

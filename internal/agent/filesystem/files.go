@@ -217,6 +217,9 @@ func rawFilename(cd string) string {
 	return params["filename"]
 }
 
+// uploadTempMark marks WriteFile's temporary files, which watchers hide.
+const uploadTempMark = ".cubicle-"
+
 // WriteFile atomically replaces (or creates) the file at path with the
 // contents of r: it writes a temporary file next to it, syncs it and renames
 // it into place, so readers never see a half-written file. Missing parent
@@ -236,7 +239,7 @@ func WriteFile(path string, r io.Reader, acct *account.Account) (int64, error) {
 	if err := mkdirAll(dir, acct); err != nil {
 		return 0, err
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".cubicle-*")
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+uploadTempMark+"*")
 	if err != nil {
 		return 0, err
 	}

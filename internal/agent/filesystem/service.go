@@ -1,9 +1,11 @@
 // Package filesystem is the agent's file service: Connect RPC handlers for
-// envd's filesystem.Filesystem (Stat, ListDir, MakeDir, Move, Remove),
-// wire-compatible with E2B's envd so the E2B data plane is a plain forward,
-// plus envd's REST /files upload and download. The file API acts as root on
-// the sandbox's own file system: paths are cleaned and made absolute (from
-// the user's home) but not confined. Only the agent server imports it.
+// envd's filesystem.Filesystem (Stat, ListDir, MakeDir, Move, Remove, and
+// the directory watchers: WatchDir and CreateWatcher / GetWatcherEvents /
+// RemoveWatcher, on inotify), wire-compatible with E2B's envd so the E2B
+// data plane is a plain forward, plus envd's REST /files upload and
+// download. The file API acts as root on the sandbox's own file system:
+// paths are cleaned and made absolute (from the user's home) but not
+// confined. Only the agent server imports it.
 package filesystem
 
 import (
@@ -31,12 +33,12 @@ type Options struct {
 }
 
 // Service implements filesystemconnect.FilesystemHandler and, through
-// Files, the /files endpoint. Watchers are not implemented yet and answer
-// Unimplemented.
+// Files, the /files endpoint. Close stops its polled watchers.
 type Service struct {
 	filesystemconnect.UnimplementedFilesystemHandler
-	opts Options
-	log  *slog.Logger
+	opts  Options
+	log   *slog.Logger
+	watch *watchers
 }
 
 var _ filesystemconnect.FilesystemHandler = (*Service)(nil)
@@ -49,7 +51,7 @@ func New(opts Options) *Service {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Service{opts: opts, log: opts.Logger}
+	return &Service{opts: opts, log: opts.Logger, watch: newWatchers(defaultWatchLimits)}
 }
 
 // user resolves name (from a query parameter or Basic auth), or the

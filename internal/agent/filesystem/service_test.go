@@ -133,15 +133,6 @@ func TestFileRPCs(t *testing.T) {
 	if _, err := fs.Remove(ctx, connect.NewRequest(&pb.RemoveRequest{Path: filepath.Join(dir, "a")})); err != nil {
 		t.Errorf("Remove missing: %v", err)
 	}
-	w, err := fs.WatchDir(ctx, connect.NewRequest(&pb.WatchDirRequest{Path: dir}))
-	if err == nil {
-		for w.Receive() {
-		}
-		err = w.Err()
-	}
-	if connect.CodeOf(err) != connect.CodeUnimplemented {
-		t.Errorf("WatchDir: %v, want unimplemented", err)
-	}
 }
 
 // TestOwnership checks that ?username= owns the file and the directories
