@@ -89,6 +89,8 @@ func run() error {
 		pausedLifetime = fs.Duration("paused-lifetime", sandbox.DefaultPausedLifetime, "how long a paused sandbox is kept before it is destroyed, 0 = unlimited (CUBICLE_PAUSED_LIFETIME)")
 		agentBin       = fs.String("agent-bin", filepath.Join(filepath.Dir(exe), "cubicle-agent"), "static cubicle-agent binary put into every sandbox (CUBICLE_AGENT_BIN)")
 		readyTimeout   = fs.Duration("ready-timeout", 3*time.Minute, "how long a create may take to a ready desktop (CUBICLE_READY_TIMEOUT)")
+		usageInterval  = fs.Duration("metrics-interval", sandbox.DefaultUsageInterval, "how often each running sandbox's CPU, memory, disk and network figures are sampled, at least 1s (CUBICLE_METRICS_INTERVAL)")
+		usageWindow    = fs.Duration("metrics-window", sandbox.DefaultUsageWindow, "how much history of those figures is kept per sandbox, at most 10000 samples (CUBICLE_METRICS_WINDOW)")
 		netEnable      = fs.Bool("net", false, "give each sandbox a network: a netns/TAP on a cubicle bridge, an address, nftables egress policy; changes the host's network (CUBICLE_NET=1)")
 		netBridge      = fs.String("net-bridge", netpool.DefaultBridge, "bridge owned by cubicle (CUBICLE_NET_BRIDGE)")
 		novncDir       = fs.String("novnc-dir", "/usr/local/share/cubicle/novnc", "the @novnc/novnc package (its core/ and vendor/) served to the live-view page (CUBICLE_NOVNC_DIR)")
@@ -124,6 +126,12 @@ func run() error {
 	inFlight := inflight.New(*maxInFlight)
 	if *diskMB < 0 {
 		return fmt.Errorf("%s: want a size in MiB, or 0 for no limit", conf.origin("disk-mb"))
+	}
+	if *usageInterval < time.Second {
+		return fmt.Errorf("%s: want at least 1s", conf.origin("metrics-interval"))
+	}
+	if *usageWindow < *usageInterval {
+		return fmt.Errorf("%s: want at least the metrics interval (%s)", conf.origin("metrics-window"), *usageInterval)
 	}
 	if *keyVolumes < 1 {
 		return fmt.Errorf("%s: want at least 1", conf.origin("key-max-volumes"))
@@ -200,6 +208,8 @@ func run() error {
 		MaxLifetime:      lifetime,
 		PausedLifetime:   paused,
 		ReadyTimeout:     *readyTimeout,
+		UsageInterval:    *usageInterval,
+		UsageWindow:      *usageWindow,
 		Pools:            pools,
 		Network:          netPool,
 		Metrics:          m,

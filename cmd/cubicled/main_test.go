@@ -73,6 +73,8 @@ func TestBadEnvironmentStopsTheDaemon(t *testing.T) {
 		// their variable.
 		{"CUBICLE_DISK_MB=-1", `CUBICLE_DISK_MB="-1": want a size in MiB, or 0 for no limit`},
 		{"CUBICLE_DEFAULT_BACKEND=kvm", `CUBICLE_DEFAULT_BACKEND="kvm": want auto, firecracker, qemu, gvisor or runc`},
+		{"CUBICLE_METRICS_INTERVAL=100ms", `CUBICLE_METRICS_INTERVAL="100ms": want at least 1s`},
+		{"CUBICLE_METRICS_WINDOW=2s", `CUBICLE_METRICS_WINDOW="2s": want at least the metrics interval (5s)`},
 	} {
 		t.Run(tt.env, func(t *testing.T) {
 			env, dataDir := daemonEnv(t, tt.env)

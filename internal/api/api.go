@@ -41,6 +41,10 @@ type Manager interface {
 	// Fork copies a running sandbox into count new sandboxes of owner.
 	Fork(ctx context.Context, id, owner string, count int) ([]sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeoutSeconds int) (sandbox.Sandbox, error)
+	// Usage returns a sandbox's resource figures: the latest sample and
+	// the kept history after since (zero: all). ErrConflict once the
+	// sandbox is stopping or gone.
+	Usage(ctx context.Context, id string, since time.Time) (sandbox.Usage, error)
 	// Agent returns the agent client of a running sandbox and marks it active
 	// (idle timer reset). errdefs.ErrNotFound for unknown ids, ErrConflict
 	// when not running.
@@ -244,6 +248,7 @@ func (s *server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/pause", handler: s.pauseSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.forkSandbox},
+		{pattern: "GET /v1/sandboxes/{id}/metrics", handler: s.sandboxMetrics},
 
 		{pattern: "POST /v1/volumes", handler: s.createVolume},
 		{pattern: "GET /v1/volumes", handler: s.listVolumes},

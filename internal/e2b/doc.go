@@ -89,8 +89,14 @@
 //     extends it (200); the deprecated resume answers 201 or 409. A
 //     paused sandbox is listed and shown with state "paused".
 //   - cpuCount and memoryMB are the backend's defaults (E2B's create cannot
-//     ask for others); diskSizeMB is 0 (unknown). Metrics are always [] and
-//     logs always empty.
+//     ask for others); diskSizeMB is 0 (unknown). Logs are always empty.
+//   - getMetrics answers the samples cubicle keeps of every live sandbox
+//     (every 5 s, for 10 minutes, by default: sandbox.Usage) between start
+//     and end, measured from the host (the cgroup, or the VMM process), not
+//     from inside as E2B's envd does: cpuUsedPct is the share of the
+//     sandbox's CPUs, memUsed its memory less inactive page cache (a VM's
+//     resident set), diskUsed its own writable disk without the image, and
+//     cpuCount its CPU quota rounded up.
 //   - envdVersion is Config.EnvdVersion, "0.5.7" by default: the oldest
 //     version that turns on everything the 2.51.0 SDK gates below it (stdin
 //     flag 0.3.0, default user 0.4.0, close stdin 0.5.2, octet-stream upload

@@ -43,6 +43,9 @@ type fakeManager struct {
 	panicOnGet bool
 	snaps      []fakeSnap // in creation order
 	snapErr    error      // what CreateSnapshot answers, when set
+
+	// usage is what Usage has of each sandbox (metrics_test.go).
+	usage map[string][]sandbox.UsageSample
 }
 
 // fakeSnap is a snapshot of the fake and its owner.

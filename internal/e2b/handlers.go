@@ -306,24 +306,6 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, ""))
 }
 
-func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	for _, name := range []string{"start", "end"} {
-		if v := q.Get(name); v != "" {
-			if n, err := strconv.ParseInt(v, 10, 64); err != nil || n < 0 {
-				writeError(w, s.log, r, badRequestf("%s must be a Unix time in seconds, not %q", name, truncate(v, 32)))
-				return
-			}
-		}
-	}
-	if _, ok := s.lookup(w, r); !ok {
-		return
-	}
-	// cubicle keeps no metrics history per sandbox; E2B answers [] before
-	// its first sample too.
-	writeJSON(w, http.StatusOK, []struct{}{})
-}
-
 func (s *Server) logsV1(w http.ResponseWriter, r *http.Request) {
 	if _, ok := s.lookup(w, r); !ok {
 		return

@@ -39,6 +39,9 @@ type Manager interface {
 	CreateSnapshot(ctx context.Context, id, owner, name string, metadata map[string]string) (sandbox.Snapshot, error)
 	ListSnapshots(ctx context.Context, owner, sandboxID string) []sandbox.Snapshot
 	DeleteSnapshot(ctx context.Context, owner, ref string) error
+	// Usage returns a sandbox's resource samples after since (zero:
+	// all), for getMetrics.
+	Usage(ctx context.Context, id string, since time.Time) (sandbox.Usage, error)
 }
 
 // Config configures a Server. Zero values get the defaults noted.

@@ -33,6 +33,9 @@ type Metrics struct {
 	PoolReady          *prometheus.GaugeVec     // pool: booted desktops waiting for a create
 	PoolClaims         *prometheus.CounterVec   // pool, result: hit (a create took one) or miss
 	ClaimDuration      *prometheus.HistogramVec // backend: create-to-ready of creates served by the pool
+	// Sandboxes' own figures (CPU, memory, disk, network), one series
+	// per running sandbox; the manager sets its source.
+	SandboxUsage *SandboxCollector
 }
 
 // fastBuckets resolve the millisecond range where clicks and screenshots live.
@@ -109,6 +112,7 @@ func New() *Metrics {
 		ClaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cubicle_pool_claim_duration_seconds", Help: "Create-to-ready of creates served by a warm pool.", Buckets: fastBuckets,
 		}, []string{"backend"}),
+		SandboxUsage: newSandboxCollector(),
 	}
 	m.Registry.MustRegister(
 		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
@@ -116,7 +120,7 @@ func New() *Metrics {
 		m.ScreenshotDuration, m.ActionDuration, m.ExecDuration, m.Reaped,
 		m.NetpoolFree, m.HTTPRequests,
 		m.ViewConnections, m.ViewBytes, m.ViewInputDropped, m.InFlightRefused,
-		m.PoolReady, m.PoolClaims, m.ClaimDuration,
+		m.PoolReady, m.PoolClaims, m.ClaimDuration, m.SandboxUsage,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

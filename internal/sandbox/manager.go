@@ -76,6 +76,13 @@ type Config struct {
 	// Network gives sandboxes a network; nil means none at all (loopback
 	// only), and requests asking for egress are refused.
 	Network NetPool
+	// UsageInterval is how often each running sandbox's resource
+	// figures are sampled (default DefaultUsageInterval), and
+	// UsageWindow how much history of them is kept per sandbox
+	// (default DefaultUsageWindow); see usage.go.
+	UsageInterval time.Duration
+	UsageWindow   time.Duration
+
 	Metrics *metrics.Metrics
 	Log     *slog.Logger
 }
@@ -109,6 +116,9 @@ type Manager struct {
 	// freeBytes tells the free space of a directory's filesystem
 	// (freeSpace; tests fill the disk with a fake).
 	freeBytes func(dir string) (int64, error)
+
+	// usage holds each live sandbox's resource samples (usage.go).
+	usage *usageStore
 
 	// pools are the warm pools (Config.Pools), their boxes guarded by
 	// mu; claiming and claims (by owner) count the claims in progress,
@@ -171,6 +181,12 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Second
 	}
+	if cfg.UsageInterval <= 0 {
+		cfg.UsageInterval = DefaultUsageInterval
+	}
+	if cfg.UsageWindow <= 0 {
+		cfg.UsageWindow = DefaultUsageWindow
+	}
 	if cfg.MaxVolumeMB == 0 {
 		cfg.MaxVolumeMB = DefaultMaxVolumeMB
 	}
@@ -209,6 +225,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		snaps:     make(map[string]*snap),
 		avail:     make(map[string]availability),
 		freeBytes: freeSpace,
+		usage:     newUsageStore(cfg.UsageInterval, cfg.UsageWindow),
 		poolKick:  make(chan struct{}, 1),
 		claims:    make(map[string]int),
 	}
@@ -254,6 +271,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.wg.Add(1)
 	go m.reapLoop()
+	m.wg.Add(1)
+	go m.usageLoop()
+	m.m.SandboxUsage.SetSource(m.exportUsage)
 	if len(m.pools) > 0 {
 		m.wg.Add(1)
 		go m.poolLoop()

@@ -62,6 +62,10 @@ func (m *Manager) transitionLocked(e *entry, to State) error {
 		m.log.Error("illegal state change refused", "err", err)
 		return err
 	}
+	if !to.live() {
+		// A sandbox's figures go when it begins to stop (usage.go).
+		m.usage.forget(e.rec.Sandbox.ID)
+	}
 	m.updateGaugesLocked()
 	return nil
 }

@@ -28,7 +28,8 @@
 //     the tab and never travels in a URL.
 //
 // The pages rely on these API answers (see shared/API.md): GET /v1/info,
-// GET /v1/sandboxes, GET /v1/sandboxes/{id}/screenshot, POST .../view,
+// GET /v1/sandboxes, GET /v1/sandboxes/{id}/screenshot, GET .../metrics
+// (a card's CPU and memory), POST .../view,
 // POST .../timeout, DELETE /v1/sandboxes/{id}, GET .../vnc (WebSocket), and
 // GET /view/{id}?token= with "Accept: application/json", which answers the
 // view link's status: {"sandbox_id", "state", "view_only", "expires_at",

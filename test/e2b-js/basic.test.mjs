@@ -11,9 +11,9 @@ import { randomBytes } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import { after, before, describe, it } from 'node:test'
 
-import { AuthenticationError, CommandExitError, FileType, Sandbox, TimeoutError } from 'e2b'
+import { AuthenticationError, CommandExitError, FileType, InvalidArgumentError, NotFoundError, Sandbox, TimeoutError } from 'e2b'
 
-import { env, fetchVia, imageGap, probe, waitFor, websocketVia } from './lib.mjs'
+import { env, fetchVia, imageGap, probe, sleep, waitFor, websocketVia } from './lib.mjs'
 
 const run = randomBytes(6).toString('hex')
 
@@ -266,6 +266,81 @@ describe('e2b SDK, template base', { timeout: 10 * 60 * 1000 }, () => {
     assert.equal(await sbx.files.exists(dir), false)
   })
 
+  it('files.watchDir: a write, a rename and a remove, recursive or not; stop frees the watch; bad paths refused', async () => {
+    // A relative path is taken from the user's home, as envd does.
+    const dir = `watch-${run}`
+    await sbx.files.makeDir(dir)
+    // The agent's inotify instances: one a watch, none once it stops.
+    const agentInotify = async () => Number((await sbx.commands.run(
+      'find /proc/$(pgrep -o -f /opt/cubicle/bin/cubicle-agent)/fd -mindepth 1 -printf "%l\\n" | grep -c inotify || true', { user: 'root' })).stdout.trim())
+    const before = await agentInotify()
+
+    const deep = []
+    const flat = []
+    const exits = []
+    const show = (e) => `${e.type} ${e.name}`
+    const deepHandle = await sbx.files.watchDir(dir, (e) => { deep.push(show(e)) }, { recursive: true, onExit: (err) => { exits.push(err) } })
+    const flatHandle = await sbx.files.watchDir(`/home/user/${dir}`, (e) => { flat.push(show(e)) })
+    assert.equal(await agentInotify(), before + 2, 'inotify instances in the agent with two watches')
+
+    // What a program in the sandbox does, then what the SDK does.
+    await sbx.commands.run(`echo one > ${dir}/a.txt && mv ${dir}/a.txt ${dir}/b.txt && mkdir ${dir}/sub && sleep 0.3 && echo two > ${dir}/sub/c.txt`)
+    await sbx.files.write(`${dir}/up.txt`, 'uploaded')
+    await sbx.files.remove(`${dir}/b.txt`)
+    await sbx.commands.run(`touch ${dir}/end`) // events come in order: after this one, all are in
+    await waitFor('both watches to see the end file', () => deep.includes('create end') && flat.includes('create end'), 15000, 100)
+
+    const inOrder = (got, want) => {
+      let i = 0
+      for (const g of got) if (g === want[i]) i++
+      return i === want.length
+    }
+    const top = ['create a.txt', 'write a.txt', 'rename a.txt', 'create b.txt', 'create sub']
+    const after = ['create up.txt', 'write up.txt', 'remove b.txt', 'create end']
+    assert.ok(inOrder(deep, [...top, 'create sub/c.txt', 'write sub/c.txt', ...after]), `recursive watch saw ${JSON.stringify(deep)}`)
+    assert.ok(inOrder(flat, [...top, ...after]), `watch saw ${JSON.stringify(flat)}`)
+    assert.ok(!flat.some((e) => e.includes('sub/')), `a watch that is not recursive reported the subdirectory's events: ${JSON.stringify(flat)}`)
+    assert.ok(![...deep, ...flat].some((e) => e.includes('.cubicle-')), 'an upload\'s temporary file was reported')
+
+    // stop ends the stream and the agent frees the watch at once.
+    await deepHandle.stop()
+    await flatHandle.stop()
+    await waitFor('the agent to free both watches', async () => (await agentInotify()) === before, 10000, 200)
+    const n = deep.length
+    await sbx.commands.run(`touch ${dir}/late`)
+    await sleep(500)
+    assert.equal(deep.length, n, `events after stop: ${JSON.stringify(deep.slice(n))}`)
+
+    await assert.rejects(sbx.files.watchDir(`${dir}/missing`, () => {}), (e) => {
+      assert.ok(e instanceof NotFoundError, `${e?.constructor?.name}: ${e?.message}`)
+      return true
+    })
+    await assert.rejects(sbx.files.watchDir(`${dir}/end`, () => {}), (e) => {
+      assert.ok(e instanceof InvalidArgumentError, `${e?.constructor?.name}: ${e?.message}`)
+      return true
+    })
+  })
+
+  it('files watchers, polling form (envd CreateWatcher / GetWatcherEvents / RemoveWatcher, which E2B\'s Python SDK uses; through the JS SDK\'s own envd client)', async () => {
+    const dir = `/tmp/poll-${run}`
+    await sbx.files.makeDir(dir)
+    const rpc = sbx.files.rpc
+    const { watcherId } = await rpc.createWatcher({ path: dir, recursive: true })
+    assert.match(watcherId, /^w/)
+    await sbx.commands.run(`echo x > ${dir}/f && mv ${dir}/f ${dir}/g && rm ${dir}/g`)
+    const names = ['', 'create', 'write', 'remove', 'rename', 'chmod']
+    const got = []
+    await waitFor('the polled events', async () => {
+      const { events } = await rpc.getWatcherEvents({ watcherId })
+      got.push(...events.map((e) => `${names[e.type]} ${e.name}`))
+      return got.includes('remove g')
+    }, 15000, 200)
+    assert.deepEqual(got, ['create f', 'write f', 'rename f', 'create g', 'remove g'])
+    assert.deepEqual((await rpc.getWatcherEvents({ watcherId })).events, [], 'each event is handed out once')
+    await rpc.removeWatcher({ watcherId })
+    await assert.rejects(rpc.getWatcherEvents({ watcherId }), (e) => e.code === 5) // Connect's not_found
+  })
+
   it('getHost(port): https://<port>-<id>.<domain> reaches a sandbox port, WebSockets too', async (t) => {
     const py = await probe(sbx, 'command -v python3')
     const gap = imageGap(py.exitCode === 0 ? [] : ['no python3 in the image to run testserver.py'])
@@ -301,6 +376,39 @@ describe('e2b SDK, template base', { timeout: 10 * 60 * 1000 }, () => {
       assert.equal(closed.status, 502)
     } finally {
       await server.kill()
+    }
+  })
+
+  it('getMetrics: samples while the sandbox burns CPU, and plausible ones', async () => {
+    // cubicled samples every 5 s by default, measured from the host (the
+    // sandbox's cgroup, or its VM's process). A shell spinning on a
+    // builtin keeps one core busy.
+    const burner = await sbx.commands.run('while :; do :; done', { background: true })
+    try {
+      const since = new Date()
+      let ms = []
+      await waitFor('two samples of the burning sandbox', async () => {
+        ms = await sbx.getMetrics({ start: since })
+        return ms.length >= 2
+      }, 60000, 1000)
+      for (const m of ms) {
+        assert.ok(m.timestamp instanceof Date && m.timestamp.getTime() >= since.getTime() - 1000 && m.timestamp.getTime() <= Date.now() + 1000,
+          `sample time ${m.timestamp} is not between the start of the burner and now`)
+        assert.ok(Number.isInteger(m.cpuCount) && m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
+        assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
+        assert.ok(m.memTotal >= 256 * 2 ** 20 && m.memUsed >= 2 ** 20 && m.memUsed <= m.memTotal, `memory ${m.memUsed} of ${m.memTotal}`)
+        assert.ok(m.memCache >= 0, `memCache ${m.memCache}`)
+        assert.ok(m.diskUsed >= 0 && (m.diskTotal === 0 || m.diskUsed <= m.diskTotal), `disk ${m.diskUsed} of ${m.diskTotal}`)
+      }
+      // One core of cpuCount is 100/cpuCount %; other work on a busy
+      // host can leave the burner a fifth of that.
+      const busiest = Math.max(...ms.map((m) => m.cpuUsedPct))
+      assert.ok(busiest >= 20 / ms[0].cpuCount, `the burning sandbox's cpuUsedPct peaked at ${busiest} (cpuCount ${ms[0].cpuCount})`)
+      // The window: nothing from before start, everything up to end.
+      const upTo = await sbx.getMetrics({ start: since, end: ms[0].timestamp })
+      assert.equal(upTo.length, 1, `start..first sample: ${upTo.length} samples`)
+    } finally {
+      await burner.kill()
     }
   })
 

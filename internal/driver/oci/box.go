@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/hoststat"
 	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
@@ -47,6 +48,8 @@ type box struct {
 
 	mu      sync.Mutex // serializes Stop
 	stopped bool
+
+	layerSize hoststat.TreeSizer // the writable layer without a disk of its own (usage.go)
 }
 
 func newBox(d *Driver, data boxData) *box {

@@ -5,9 +5,10 @@
 // in a URL, never in localStorage.
 //
 // For automated tests: each card is <article class="sandbox" data-id
-// data-state> holding an <img class="thumb"> once a thumbnail loaded; the
-// sign-in form is #signin with the input #api-key; document.body.dataset.view
-// is loading | signin | sandboxes.
+// data-state> holding an <img class="thumb"> once a thumbnail loaded, and
+// a <dl class="usage" data-cpu-percent data-memory-bytes> once the
+// sandbox's figures came; the sign-in form is #signin with the input
+// #api-key; document.body.dataset.view is loading | signin | sandboxes.
 
 const $ = (id) => document.getElementById(id);
 
@@ -226,6 +227,7 @@ async function refresh() {
     lastRefreshError = '';
     renderInfo(info);
     renderList((list && list.sandboxes) || []);
+    refreshUsage();
   } catch (err) {
     // Every 5 s the same failure would bury the page in toasts: say it once.
     if (signedIn && err.message !== lastRefreshError) {
@@ -284,6 +286,9 @@ function makeCard(id) {
   head.append(h2, card.state);
 
   card.facts = el('dl', 'facts');
+  card.usage = el('dl', 'facts usage');
+  card.usage.setAttribute('aria-label', 'Resource use');
+  card.usage.hidden = true;
   card.meta = el('ul', 'meta');
   card.meta.setAttribute('aria-label', 'Metadata');
   card.error = el('p', 'error');
@@ -305,7 +310,7 @@ function makeCard(id) {
   card.extend.title = 'Set the sandbox to expire one hour from now';
   card.destroy = button('Destroy', () => destroy(card), 'danger');
 
-  article.append(card.thumbBox, head, card.facts, card.meta, card.error, actions);
+  article.append(card.thumbBox, head, card.facts, card.usage, card.meta, card.error, actions);
   return card;
 }
 
@@ -332,6 +337,8 @@ function updateCard(card, sb) {
   card.meta.hidden = meta.length === 0;
   card.error.textContent = sb.error || '';
   card.error.hidden = !sb.error;
+  // Figures are of a running sandbox only (a paused one uses nothing).
+  if (state !== 'running') card.usage.hidden = true;
 
   setButtons(card);
 }
@@ -460,6 +467,61 @@ async function loadThumb(card) {
     if (url) URL.revokeObjectURL(url);
     card.busy = false;
   }
+}
+
+// ---- resource figures ----
+
+// refreshUsage fetches the latest CPU and memory figures of each running
+// sandbox, with the list (every 5 s, while the tab is visible). "since"
+// is now, so the answer carries the latest sample and no history.
+function refreshUsage() {
+  if (!signedIn || document.hidden) return;
+  for (const card of cards.values()) {
+    if (!card.usageBusy && card.sandbox && card.sandbox.state === 'running') loadUsage(card);
+  }
+}
+
+async function loadUsage(card) {
+  card.usageBusy = true;
+  try {
+    const since = new Date(Date.now() + clockOffset).toISOString();
+    const m = await apiJSON('GET', `${sandboxPath(card.id)}/metrics?since=${encodeURIComponent(since)}`, { passive: true });
+    if (card.removed || !m || !m.latest) return;
+    renderUsage(card, m.latest);
+  } catch {
+    // Like a missed thumbnail: the next refresh says what became of it.
+  } finally {
+    card.usageBusy = false;
+  }
+}
+
+function renderUsage(card, s) {
+  const pct = Math.max(0, Math.min(100, s.cpu.percent));
+  const cpu = el('dd');
+  const meter = el('meter');
+  meter.min = 0;
+  meter.max = 100;
+  meter.value = pct;
+  meter.setAttribute('aria-hidden', 'true');
+  cpu.append(meter, ` ${pct.toFixed(pct < 10 ? 1 : 0)} % of ${s.cpu.count} CPU${s.cpu.count === 1 ? '' : 's'}`);
+  const mem = s.memory.limit_bytes
+    ? `${bytes(s.memory.used_bytes)} of ${bytes(s.memory.limit_bytes)}`
+    : bytes(s.memory.used_bytes);
+  card.usage.replaceChildren(el('dt', '', 'CPU'), cpu, el('dt', '', 'Memory'), el('dd', '', mem));
+  card.usage.dataset.cpuPercent = String(s.cpu.percent);
+  card.usage.dataset.memoryBytes = String(s.memory.used_bytes);
+  card.usage.title = `sampled ${relative(s.timestamp)}`;
+  card.usage.hidden = card.sandbox.state !== 'running';
+}
+
+function bytes(n) {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i++;
+  }
+  return `${n.toFixed(i === 0 || n >= 100 ? 0 : 1)} ${units[i]}`;
 }
 
 // ---- small things ----
