@@ -52,7 +52,7 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "Xvfb" {
 		// The desktop image's /usr/local/bin/Xvfb: see internal/agent/xdo.
-		os.Exit(xdo.XvfbMain(os.Args[2:], os.Stderr))
+		os.Exit(xdo.XvfbMain(os.Args[2:], os.Getenv, os.Stderr))
 	}
 	if len(os.Args) > 1 && os.Args[1] == "scrot" {
 		// The desktop image's /usr/local/bin/scrot: see internal/agent/xdo.

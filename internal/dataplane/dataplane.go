@@ -159,8 +159,9 @@ func envdPath(p string) bool {
 
 // checkSignedFileURL checks a request to envd's /files that carries a
 // signature in place of the access token: GET is the read operation, POST
-// the write, and each parameter the signature covers appears once, so the
-// agent acts on exactly what was signed.
+// the write (of a named path), and each parameter the signature covers
+// appears once, so the agent acts on exactly what was signed. The caller
+// drops the request's Authorization, the other way to name a user.
 func (rt *Router) checkSignedFileURL(r *http.Request, id string) error {
 	q := r.URL.Query()
 	for _, k := range []string{"path", "username", "signature", "signature_expiration"} {
@@ -176,6 +177,11 @@ func (rt *Router) checkSignedFileURL(r *http.Request, id string) error {
 		op = "write"
 	default:
 		return fmt.Errorf("signed URL: %s is neither a download (GET) nor an upload (POST)", r.Method)
+	}
+	if op == "write" && q.Get("path") == "" {
+		// Without a path the upload's own file name (any path) would
+		// decide where it goes, which the signature does not cover.
+		return errors.New("signed URL: an upload link must name its file (uploadUrl(path))")
 	}
 	if err := e2b.CheckFileSignature(rt.cfg.TokenKey, id, q.Get("path"), op, q.Get("username"),
 		q.Get("signature"), q.Get("signature_expiration"), time.Now()); err != nil {
@@ -214,6 +220,9 @@ func (rt *Router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				writeError(w, http.StatusUnauthorized, err.Error())
 				return
 			}
+			// The signature names the user (username, or "" for the
+			// default one); a header must not pick another.
+			r.Header.Del("Authorization")
 		case !e2b.AccessTokenOK(rt.cfg.TokenKey, t.ID, r.Header.Get(headerAccessToken)):
 			writeError(w, http.StatusUnauthorized, "missing or wrong X-Access-Token for sandbox "+t.ID)
 			return

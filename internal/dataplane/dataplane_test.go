@@ -434,14 +434,33 @@ func TestSignedFileURLs(t *testing.T) {
 			t.Errorf("%s: %d %s, want 401 saying why", tc.name, code, body)
 		}
 	}
+	// A link without a path: the upload's own file name would decide.
+	if code, body := signed("POST", "", "write", "", ""); code != http.StatusUnauthorized || !strings.Contains(body, "must name its file") {
+		t.Errorf("a signed upload link without a path: %d %s, want 401", code, body)
+	}
+	// A link signed for no user is the default user's (root in this
+	// test); an Authorization header naming another user is dropped, or
+	// the agent would run the read as that (here unknown) user.
+	q := url.Values{"path": {p}, "signature": {e2b.FileSignature(tokenKey, sandboxID, p, "read", "", "")}}
+	req, _ := http.NewRequest("GET", base+"/files?"+q.Encode(), nil)
+	req.Header = route.Clone()
+	req.SetBasicAuth("nobody-such", "")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("signed read with another user in Authorization: %d, want 200 as the default user", resp.StatusCode)
+	}
 	if b, _ := os.ReadFile(p); string(b) != "signed write" {
 		t.Errorf("file after refused uploads: %q", b)
 	}
 	// A signature made for another sandbox's token.
-	q := url.Values{"path": {p}, "signature": {e2b.FileSignature(tokenKey, "other", p, "read", "", "")}}
-	req, _ := http.NewRequest("GET", base+"/files?"+q.Encode(), nil)
+	q = url.Values{"path": {p}, "signature": {e2b.FileSignature(tokenKey, "other", p, "read", "", "")}}
+	req, _ = http.NewRequest("GET", base+"/files?"+q.Encode(), nil)
 	req.Header = route.Clone()
-	resp, err := http.DefaultClient.Do(req)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

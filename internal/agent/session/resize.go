@@ -14,8 +14,11 @@ import (
 // Resize gives the display a new size and DPI by starting the X server
 // again with them; the programs, which lose the display with it, start
 // again on the new one, with CUBICLE_WIDTH, CUBICLE_HEIGHT and CUBICLE_DPI
-// set to match. It returns once a display of that size is up, or when ctx
-// ends. A display that has the size and DPI already is left alone.
+// set to match (a program whose argv itself holds the size, through
+// {width} in the session config, keeps the old one; the desktop image's
+// browser launcher reads the environment). It returns once the new
+// display is up, or when ctx ends. A display that has the size and DPI
+// already is left alone.
 //
 // Why a restart and not RandR: Xvfb cannot grow its framebuffer past the
 // size it started with, and E2B's Desktop.create asks for any size in the
@@ -39,6 +42,7 @@ func (s *Supervisor) Resize(ctx context.Context, width, height, dpi int) error {
 		return err
 	}
 	var pid int
+	old := s.desk // the display that must go before the new one counts
 	if !slices.Equal(argv, s.xvfb) {
 		if s.ctx.Err() != nil {
 			s.mu.Unlock()
@@ -56,6 +60,8 @@ func (s *Supervisor) Resize(ctx context.Context, width, height, dpi int) error {
 			}
 		}
 		s.restartNow = pid != 0
+	} else {
+		old = nil // nothing changes: the display as it is will do
 	}
 	s.mu.Unlock()
 	if pid != 0 {
@@ -66,7 +72,7 @@ func (s *Supervisor) Resize(ctx context.Context, width, height, dpi int) error {
 		s.mu.Lock()
 		d := s.desk
 		s.mu.Unlock()
-		if d != nil {
+		if d != nil && d != old {
 			if w, h := d.Size(); w == width && h == height {
 				return nil
 			}

@@ -124,6 +124,18 @@ func TestResize(t *testing.T) {
 		}
 		return lines[0] == "640 480 96" && lines[len(lines)-1] == "1280 800 120"
 	})
+	// A new DPI alone restarts the X server too, and Resize waits for it.
+	xpid := s.pidOf(xvfbName)
+	if err := s.Resize(ctx, 1280, 800, 144); err != nil {
+		t.Fatalf("resize to 144 dpi: %v", err)
+	}
+	if p := s.pidOf(xvfbName); p == xpid || p == 0 {
+		t.Errorf("xvfb %d → %d after a DPI change, want a new one", xpid, p)
+	}
+	info, err = exec.Command("xdpyinfo", "-display", fmt.Sprintf(":%d", n)).Output()
+	if err != nil || !strings.Contains(string(info), "144x144 dots per inch") {
+		t.Errorf("xdpyinfo right after a DPI-only resize returned (%v):\n%s\nwant 144 dpi", err, info)
+	}
 	for _, bad := range [][3]int{{0, 800, 96}, {1280, 99999, 96}, {1280, 800, 5}} {
 		if err := s.Resize(ctx, bad[0], bad[1], bad[2]); err == nil {
 			t.Errorf("resize to %v: no error", bad)

@@ -402,6 +402,10 @@ func (b *backoff) next(ran time.Duration) time.Duration {
 // xvfbName is the X server's name among the children.
 const xvfbName = "xvfb"
 
+// sessionXServerEnv is xdo.SessionXServerEnv (this package does not
+// import the wrappers').
+const sessionXServerEnv = "CUBICLE_SESSION_XSERVER"
+
 // runX keeps Xvfb running and the desktop connected.
 func (s *Supervisor) runX() {
 	defer s.wg.Done()
@@ -411,7 +415,9 @@ func (s *Supervisor) runX() {
 		s.mu.Lock()
 		argv := s.xvfb
 		s.mu.Unlock()
-		pid, status, err := s.spawn(xvfbName, argv, "root", nil)
+		// The marker makes the image's Xvfb wrapper, should PATH find it,
+		// run the real X server (internal/agent/xdo).
+		pid, status, err := s.spawn(xvfbName, argv, "root", []string{sessionXServerEnv + "=1"})
 		if err != nil {
 			if s.ctx.Err() != nil {
 				return

@@ -369,7 +369,8 @@ func act(socket string, acts []action.Action, display, what string, stderr io.Wr
 	case err != nil:
 		fmt.Fprintf(stderr, "%s: %v\n", what, err)
 		return 1, true
-	case out.Error != "" && out.Ran == 0:
+	case out.Error != "" && out.Ran == 0 && out.Code == computer.CodeInvalid:
+		// Refused before its first event was sent.
 		return 0, false
 	case out.Error != "":
 		fmt.Fprintf(stderr, "%s: %s\n", what, out.Error)

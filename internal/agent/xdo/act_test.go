@@ -193,6 +193,14 @@ func TestAct(t *testing.T) {
 	if _, handled := act(path, acts, ":0", "xdotool key", &stderr, nil); handled {
 		t.Error("a refusal of the first action was handled; the real xdotool must run")
 	}
+	// Failed in the first action for another reason than its input: its
+	// first events may have gone out, so the real xdotool must not repeat it.
+	d.code = "internal"
+	stderr.Reset()
+	if code, handled := act(path, acts, ":0", "xdotool key", &stderr, nil); !handled || code != 1 {
+		t.Errorf("an internal failure of the first action: code %d handled %v; want exit 1, no second run", code, handled)
+	}
+	d.code = "invalid_argument"
 	// Failed after the first ran: running it again would repeat it.
 	d.failAt = 1
 	stderr.Reset()

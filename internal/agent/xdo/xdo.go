@@ -222,6 +222,9 @@ func Send(ctx context.Context, path string, req Request) error {
 	hreq.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(hreq)
 	if err != nil {
+		if ctx.Err() == nil && isDialError(err) {
+			err = errors.Join(errNotRun, err)
+		}
 		return fmt.Errorf("ask the agent: %w", err)
 	}
 	defer resp.Body.Close()
@@ -231,6 +234,10 @@ func Send(ctx context.Context, path string, req Request) error {
 		return nil
 	case http.StatusUnprocessableEntity:
 		return &refusal{strings.TrimSpace(string(msg))}
+	case http.StatusConflict, http.StatusServiceUnavailable, http.StatusBadRequest:
+		// Not the agent's display, no desktop to type on, or a request
+		// it could not read: nothing was typed.
+		return errors.Join(errNotRun, fmt.Errorf("agent: %s: %s", resp.Status, strings.TrimSpace(string(msg))))
 	default:
 		return fmt.Errorf("agent: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
@@ -268,6 +275,11 @@ func Main(args []string, getenv func(string) string, stderr io.Writer) int {
 			return 0
 		case errors.As(err, &ref):
 			fmt.Fprintf(stderr, "xdotool type: %s\n", ref.msg)
+			return 1
+		case !errors.Is(err, errNotRun):
+			// Some of the text may have been typed (the agent timed
+			// out, say): typing it all again would repeat it.
+			fmt.Fprintf(stderr, "xdotool type: %v\n", err)
 			return 1
 		}
 	}

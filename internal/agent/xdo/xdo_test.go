@@ -150,7 +150,7 @@ func TestSend(t *testing.T) {
 	// Another display is not the agent's: an error the wrapper falls back on.
 	var ref *refusal
 	err := Send(ctx, path, Request{Display: ":1", Text: "x"})
-	if err == nil || errors.As(err, &ref) || !strings.Contains(err.Error(), "409") {
+	if err == nil || errors.As(err, &ref) || !strings.Contains(err.Error(), "409") || !errors.Is(err, errNotRun) {
 		t.Errorf("send for :1 = %v, want a 409 that is not a refusal", err)
 	}
 
@@ -164,7 +164,7 @@ func TestSend(t *testing.T) {
 	// No desktop yet: fall back.
 	ty.err = errors.New("the X display is not up yet")
 	err = Send(ctx, path, Request{Display: ":0", Text: "x"})
-	if err == nil || errors.As(err, &ref) || !strings.Contains(err.Error(), "503") {
+	if err == nil || errors.As(err, &ref) || !strings.Contains(err.Error(), "503") || !errors.Is(err, errNotRun) {
 		t.Errorf("send without a desktop = %v, want a 503 that is not a refusal", err)
 	}
 	if len(ty.typed) != 1 {
@@ -173,8 +173,8 @@ func TestSend(t *testing.T) {
 
 	// Nobody listening: fall back.
 	err = Send(ctx, filepath.Join(t.TempDir(), "none.sock"), Request{Display: ":0", Text: "x"})
-	if err == nil || errors.As(err, &ref) {
-		t.Errorf("send to no agent = %v, want an error that is not a refusal", err)
+	if err == nil || errors.As(err, &ref) || !errors.Is(err, errNotRun) {
+		t.Errorf("send to no agent = %v, want an error that is not a refusal, after which xdotool runs", err)
 	}
 }
 

@@ -168,11 +168,17 @@ type statusError struct {
 
 func (e *statusError) Error() string { return e.msg }
 
+// SessionXServerEnv is set in the environment of the X server the
+// agent's own session starts: that one is always the real Xvfb, whatever
+// PATH finds first, so the agent never asks itself to resize a display it
+// is starting.
+const SessionXServerEnv = "CUBICLE_SESSION_XSERVER"
+
 // XvfbMain is `cubicle-agent Xvfb ARGS...`, the desktop image's
 // /usr/local/bin/Xvfb. It returns the exit status when it does not exec
 // the real Xvfb.
-func XvfbMain(args []string, stderr io.Writer) int {
-	if req, ok := ParseXvfb(args); ok {
+func XvfbMain(args []string, getenv func(string) string, stderr io.Writer) int {
+	if req, ok := resizeRequest(args, getenv); ok {
 		code, handled := xvfb(SocketPath, req, stderr)
 		if handled {
 			return code
@@ -183,15 +189,20 @@ func XvfbMain(args []string, stderr io.Writer) int {
 	return 127
 }
 
-// xvfb asks the agent at socket to resize its display. Only a display
-// that is up can be resized: with no X socket for it, whoever runs Xvfb
-// is starting a server (the agent's own session among them), and the real
-// Xvfb must run.
-func xvfb(socket string, req ScreenRequest, stderr io.Writer) (code int, handled bool) {
-	n := strings.TrimPrefix(req.Display, ":")
-	if _, err := os.Stat("/tmp/.X11-unix/X" + n); err != nil {
-		return 0, false
+// resizeRequest is the resize an Xvfb command line asks the agent for,
+// if any: never for the session's own X server.
+func resizeRequest(args []string, getenv func(string) string) (ScreenRequest, bool) {
+	if getenv(SessionXServerEnv) != "" {
+		return ScreenRequest{}, false
 	}
+	return ParseXvfb(args)
+}
+
+// xvfb asks the agent at socket to resize its display. The agent answers
+// for its own display only, also while that display is starting again
+// (it waits for it); for any other display, or with no agent, the real
+// Xvfb runs.
+func xvfb(socket string, req ScreenRequest, stderr io.Writer) (code int, handled bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), resizeTimeout+5*time.Second)
 	defer cancel()
 	if err := SendScreen(ctx, socket, req); err != nil {

@@ -43,6 +43,22 @@ func TestParseXvfb(t *testing.T) {
 	}
 }
 
+func TestResizeRequest(t *testing.T) {
+	args := strings.Fields(":0 -screen 0 1280x800x24 -dpi 96")
+	if _, ok := resizeRequest(args, func(string) string { return "" }); !ok {
+		t.Error("the SDK's Xvfb: no resize asked")
+	}
+	session := func(k string) string {
+		if k == SessionXServerEnv {
+			return "1"
+		}
+		return ""
+	}
+	if _, ok := resizeRequest(args, session); ok {
+		t.Error("the session's own X server asked the agent to resize; it must run the real Xvfb")
+	}
+}
+
 // resizer records the sizes asked for and answers err.
 type resizer struct {
 	mu    sync.Mutex

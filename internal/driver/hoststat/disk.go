@@ -86,16 +86,22 @@ func (t *TreeSizer) Size(dir string) (int64, error) {
 	return t.bytes, t.err
 }
 
-// errEnough ends a walk at its entry limit.
+// maxWalk bounds the time of one walk: it runs on the daemon's sampling
+// loop, which other sandboxes' samples wait on.
+const maxWalk = time.Second
+
+// errEnough ends a walk at its entry or time limit.
 var errEnough = errors.New("entry limit reached")
 
 // treeAllocated sums the blocks of dir and everything under it, without
-// following symlinks, counting a file with several links once.
+// following symlinks, counting a file with several links once, for at
+// most limit entries and maxWalk.
 func treeAllocated(dir string, limit int) (int64, error) {
 	var (
-		total int64
-		n     int
-		seen  = map[[2]uint64]bool{}
+		total    int64
+		n        int
+		seen     = map[[2]uint64]bool{}
+		deadline = time.Now().Add(maxWalk)
 	)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -107,9 +113,17 @@ func treeAllocated(dir string, limit int) (int64, error) {
 		if n++; n > limit {
 			return errEnough
 		}
+		if n%1024 == 0 && time.Now().After(deadline) {
+			return errEnough // a partial figure beats a late one
+		}
 		var st unix.Stat_t
 		if unix.Lstat(p, &st) != nil {
 			return nil
+		}
+		if d.IsDir() && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			// Swapped for a symlink since it was listed: do not
+			// follow it out of the sandbox's layer.
+			return fs.SkipDir
 		}
 		if st.Nlink > 1 && !d.IsDir() {
 			k := [2]uint64{st.Dev, st.Ino}
