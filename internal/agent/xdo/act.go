@@ -19,7 +19,6 @@ package xdo
 // the wrapper never does less than xdotool or scrot would.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -119,23 +118,9 @@ func serveAct(display string, d computer.Desktop, log *slog.Logger) http.Handler
 // failure, or an answer other than 200, is an error and means nothing ran
 // as far as the caller can tell only when errors.Is(err, errNotRun).
 func SendActs(ctx context.Context, path string, req ActRequest) (ActResponse, error) {
-	body, err := json.Marshal(req)
+	resp, err := post(ctx, path, "/act", req)
 	if err != nil {
 		return ActResponse{}, err
-	}
-	client := unixClient(path)
-	defer client.CloseIdleConnections()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/act", bytes.NewReader(body))
-	if err != nil {
-		return ActResponse{}, err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(hreq)
-	if err != nil {
-		if ctx.Err() == nil && isDialError(err) {
-			err = errors.Join(errNotRun, err)
-		}
-		return ActResponse{}, fmt.Errorf("ask the agent: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {

@@ -209,23 +209,9 @@ func (r *refusal) Error() string { return r.msg }
 // error when the agent read the request and will not type it; any other
 // error means the agent could not be asked or could not type.
 func Send(ctx context.Context, path string, req Request) error {
-	body, err := json.Marshal(req)
+	resp, err := post(ctx, path, "/type", req)
 	if err != nil {
 		return err
-	}
-	client := unixClient(path)
-	defer client.CloseIdleConnections()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/type", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(hreq)
-	if err != nil {
-		if ctx.Err() == nil && isDialError(err) {
-			err = errors.Join(errNotRun, err)
-		}
-		return fmt.Errorf("ask the agent: %w", err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
@@ -241,6 +227,30 @@ func Send(ctx context.Context, path string, req Request) error {
 	default:
 		return fmt.Errorf("agent: %s: %s", resp.Status, strings.TrimSpace(string(msg)))
 	}
+}
+
+// post sends v as JSON to endpoint ("/type") of the agent listening on
+// path. A failure to connect is marked errNotRun: nothing was sent. The
+// caller closes the response's body; the connection is not kept.
+func post(ctx context.Context, path, endpoint string, v any) (*http.Response, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent"+endpoint, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Close = true // a wrapper sends one request and exits
+	resp, err := unixClient(path).Do(hreq)
+	if err != nil {
+		if ctx.Err() == nil && isDialError(err) {
+			err = errors.Join(errNotRun, err)
+		}
+		return nil, fmt.Errorf("ask the agent: %w", err)
+	}
+	return resp, nil
 }
 
 // unixClient is an HTTP client whose every request goes to the socket at

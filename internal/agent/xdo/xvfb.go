@@ -11,7 +11,6 @@ package xdo
 // real Xvfb for any other display or any option it does not know.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -137,20 +136,9 @@ func ParseXvfb(args []string) (req ScreenRequest, ok bool) {
 
 // SendScreen asks the agent listening on path for req.
 func SendScreen(ctx context.Context, path string, req ScreenRequest) error {
-	body, err := json.Marshal(req)
+	resp, err := post(ctx, path, "/screen", req)
 	if err != nil {
 		return err
-	}
-	client := unixClient(path)
-	defer client.CloseIdleConnections()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/screen", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(hreq)
-	if err != nil {
-		return fmt.Errorf("ask the agent: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
