@@ -10,23 +10,31 @@ import (
 	"io/fs"
 )
 
-//go:embed desktop
+//go:embed desktop desktop-lite
 var recipes embed.FS
+
+// Names lists the built-in recipes: desktop (XFCE, extends desktop-lite)
+// and desktop-lite (openbox, for density).
+func Names() []string { return []string{"desktop", "desktop-lite"} }
 
 // Desktop returns the desktop image recipe: recipe.json at the root of the
 // returned FS and the rootfs overlay under files/.
 func Desktop() fs.FS {
-	sub, err := fs.Sub(recipes, "desktop")
-	if err != nil {
-		panic(err) // the embedded path is fixed at compile time
-	}
+	sub, _ := Recipe("desktop")
 	return sub
 }
 
-// Recipe returns the embedded recipe called name ("desktop"), or false.
+// Recipe returns the embedded recipe called name ("desktop",
+// "desktop-lite"), or false.
 func Recipe(name string) (fs.FS, bool) {
-	if name != "desktop" {
-		return nil, false
+	for _, n := range Names() {
+		if n == name {
+			sub, err := fs.Sub(recipes, name)
+			if err != nil {
+				panic(err) // the embedded paths are fixed at compile time
+			}
+			return sub, true
+		}
 	}
-	return Desktop(), true
+	return nil, false
 }

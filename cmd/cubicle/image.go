@@ -79,7 +79,7 @@ to the daemon; build, import and rm need root.`,
 			} else {
 				r, ok := images.Recipe(name)
 				if !ok {
-					return usagef("no built-in recipe %q (built in: desktop); use --recipe DIR", name)
+					return usagef("no built-in recipe %q (built in: %s); use --recipe DIR", name, strings.Join(images.Names(), ", "))
 				}
 				recipe = r
 			}
@@ -87,6 +87,15 @@ to the daemon; build, import and rm need root.`,
 				return err
 			}
 			start := time.Now()
+			// A recipe that extends a built-in image brings that image
+			// up to date first (a no-op when it is cached), so
+			// "image build desktop" is one command on a fresh machine.
+			for _, p := range builtinParents(recipe, name) {
+				pr, _ := images.Recipe(p)
+				if _, err := a.images.Build(cmd.Context(), p, pr, imageDir, cacheDir, a.errOut); err != nil {
+					return fmt.Errorf("build %s, which %s extends: %w", p, name, err)
+				}
+			}
 			img, err := a.images.Build(cmd.Context(), name, recipe, imageDir, cacheDir, a.errOut)
 			if err != nil {
 				return err
@@ -243,4 +252,27 @@ func humanBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// builtinParents returns the chain of built-in images the recipe extends,
+// farthest first ("desktop-lite" for desktop). It stops at the first
+// parent that is not built in: that one must be installed already, and
+// Build says so.
+func builtinParents(recipe fs.FS, name string) []string {
+	var chain []string
+	seen := map[string]bool{name: true}
+	for {
+		r, err := image.LoadRecipe(recipe)
+		if err != nil || r.From == "" || seen[r.From] {
+			break
+		}
+		next, ok := images.Recipe(r.From)
+		if !ok {
+			break
+		}
+		seen[r.From] = true
+		chain = append([]string{r.From}, chain...)
+		recipe = next
+	}
+	return chain
 }

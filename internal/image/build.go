@@ -53,6 +53,19 @@ func Build(ctx context.Context, name string, recipeFS fs.FS, imageDir, cacheDir 
 	if err != nil {
 		return Image{}, err
 	}
+	var parent Image
+	if r.From != "" {
+		if r.From == name {
+			return Image{}, fmt.Errorf("build image %s: a recipe cannot extend the image it builds", name)
+		}
+		if parent, err = Lookup(imageDir, r.From); err != nil {
+			return Image{}, fmt.Errorf("build image %s: its recipe extends %s: %w (build or import %s first)", name, r.From, err, r.From)
+		}
+		// A new version of the parent makes a new child: its identity
+		// (version directory, and the recipe it was built from) is part
+		// of the child's hash.
+		hash = fromHash(hash, parent)
+	}
 	unlock, err := lockName(imageDir, name)
 	if err != nil {
 		return Image{}, err
@@ -98,15 +111,26 @@ func Build(ctx context.Context, name string, recipeFS fs.FS, imageDir, cacheDir 
 	b := &builder{r: r, fsys: recipeFS, rootfs: rootfs, debs: debs, log: logf, logPath: logPath, ph: newPhases(progress, name)}
 	defer b.ph.stop()
 
-	steps := []struct {
+	type step struct {
 		name string
 		fn   func(context.Context) error
-	}{
+	}
+	steps := []step{
 		{"debootstrap " + r.Suite + " (" + r.Variant + ")", b.debootstrap},
 		{fmt.Sprintf("install %d packages", len(r.Packages)), b.installPackages},
 		{"add files", b.addFiles},
 	}
-	if r.VM != nil {
+	if r.From != "" {
+		b.parent = &parent
+		steps = []step{{"copy image " + r.From, b.copyParent}}
+		if len(r.Packages) > 0 || len(r.Users) > 0 {
+			steps = append(steps, step{fmt.Sprintf("install %d packages", len(r.Packages)), b.installPackages})
+		}
+		steps = append(steps, step{"add files", b.addFiles})
+		if _, err := kernelImage(imageDir, r.From); err == nil {
+			steps = append(steps, step{"vm disk (kernel of " + r.From + ")", b.vmFromParent})
+		}
+	} else if r.VM != nil {
 		steps = append(steps, struct {
 			name string
 			fn   func(context.Context) error
@@ -123,10 +147,15 @@ func Build(ctx context.Context, name string, recipeFS fs.FS, imageDir, cacheDir 
 		b.ph.end()
 	}
 	b.ph.begin("install image")
+	from := ""
+	if r.From != "" {
+		from = filepath.Base(parent.Dir)
+	}
 	img, err := install(imageDir, tmp, Image{
 		Name:       name,
 		Source:     "recipe",
 		RecipeHash: hash,
+		From:       from,
 		CreatedAt:  time.Now().UTC().Truncate(time.Second),
 	})
 	if err != nil {
@@ -147,6 +176,7 @@ type builder struct {
 	log     *os.File
 	logPath string
 	ph      *phases
+	parent  *Image // the image a recipe with From extends
 }
 
 func (b *builder) debootstrap(ctx context.Context) error {
@@ -203,11 +233,15 @@ func (b *builder) installPackages(ctx context.Context) error {
 	}
 	resolv, _ := os.ReadFile("/etc/resolv.conf")
 	files := map[string][]byte{
-		"etc/apt/sources.list":         src.Bytes(),
 		"usr/sbin/policy-rc.d":         []byte("#!/bin/sh\n# no services start while the image is built\nexit 101\n"),
 		"tmp/cubicle-build.sh":         fmt.Appendf(nil, installScript, strings.Join(b.r.Packages, " "), users.String()+kernel),
 		"etc/resolv.conf":              resolv,
 		"etc/apt/apt.conf.d/99cubicle": []byte("APT::Install-Recommends \"false\";\nAPT::Install-Suggests \"false\";\n"),
+	}
+	if b.parent == nil {
+		// A recipe with From keeps the sources its parent was built
+		// with: it inherits the suite and mirror.
+		files["etc/apt/sources.list"] = src.Bytes()
 	}
 	if err := writeFiles(b.rootfs, files); err != nil {
 		return err
@@ -261,11 +295,24 @@ func (b *builder) addFiles(context.Context) error {
 			return err
 		}
 	}
+	for _, p := range b.r.Remove {
+		if err := root.RemoveAll(strings.TrimPrefix(p, "/")); err != nil {
+			return fmt.Errorf("remove %s: %w", p, err)
+		}
+	}
 	if err := copyTree(root, b.r, b.fsys); err != nil {
+		return err
+	}
+	if err := addChromium(root, b.r.Chromium); err != nil {
 		return err
 	}
 	uids := map[string][2]int{"root": {0, 0}}
 	homes := map[string]string{}
+	if b.parent != nil {
+		if err := imageUsers(root, uids, homes); err != nil {
+			return err
+		}
+	}
 	for _, u := range b.r.Users {
 		uids[u.Name] = [2]int{u.UID, u.GID}
 		homes[u.Name] = u.Home
@@ -283,7 +330,10 @@ func (b *builder) addFiles(context.Context) error {
 		if owner == "" {
 			owner = "root"
 		}
-		id := uids[owner]
+		id, ok := uids[owner]
+		if !ok {
+			return fmt.Errorf("dir %s: owner %q is neither a recipe user nor a user of image %s", d.Path, owner, b.r.From)
+		}
 		// Chown the path up to (not including) the owner's home, so
 		// intermediate directories under the home belong to the user too.
 		for p := d.Path; p != "/" && p != homes[owner]; p = path.Dir(p) {

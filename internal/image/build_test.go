@@ -13,17 +13,45 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
-// TestBuildDesktop builds the desktop image into $CUBICLE_IMAGE_DIR. With an
-// up-to-date image there (CI builds it once first) it only checks the cache
-// hit and the image's contents; otherwise it really builds, which takes
-// minutes and ~1.5 GB.
+// TestBuildDesktop builds the desktop-lite image and the desktop image on
+// top of it (a recipe with "from") into $CUBICLE_IMAGE_DIR. With up-to-date
+// images there (CI builds them once first) it only checks the cache hits
+// and the images' contents; otherwise it really builds, which takes minutes
+// and ~2 GB.
 func TestBuildDesktop(t *testing.T) {
 	needs.Root(t)
 	dir := needs.Env(t, "CUBICLE_IMAGE_DIR")
 	cache := os.Getenv("CUBICLE_CACHE_DIR")
+	lite, _ := images.Recipe("desktop-lite")
+	liteImg, err := Build(context.Background(), "desktop-lite", lite, dir, cache, testWriter{t})
+	if err != nil {
+		t.Fatal(err)
+	}
 	img, err := Build(context.Background(), "desktop", images.Desktop(), dir, cache, testWriter{t})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if img.From != filepath.Base(liteImg.Dir) {
+		t.Errorf("desktop was built from %q, want the current desktop-lite %q", img.From, filepath.Base(liteImg.Dir))
+	}
+	// The real XFCE session and its programs, not the lite image's
+	// stand-ins: /usr/local/bin/startxfce4 only defers to the session the
+	// agent runs, and the placeholder links are gone.
+	for _, p := range []string{"usr/bin/startxfce4", "usr/bin/xfce4-session", "usr/bin/xfwm4", "usr/bin/xfce4-panel",
+		"usr/bin/xfdesktop", "usr/bin/thunar", "usr/bin/xfce4-terminal", "usr/bin/mousepad",
+		"usr/local/share/applications/chromium.desktop", "etc/xdg/mimeapps.list"} {
+		if _, err := os.Stat(filepath.Join(img.RootFS, p)); err != nil {
+			t.Errorf("desktop lacks %s: %v", p, err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(img.RootFS, "usr/local/lib/cubicle/xfce")); err == nil {
+		t.Errorf("desktop still has the lite image's XFCE placeholders")
+	}
+	if data, err := os.ReadFile(filepath.Join(img.RootFS, "usr/local/bin/startxfce4")); err != nil || !strings.Contains(string(data), "exec /usr/bin/startxfce4") {
+		t.Errorf("desktop's startxfce4 is not the wrapper of the real one: %v\n%s", err, data)
+	}
+	if _, err := os.Stat(filepath.Join(liteImg.RootFS, "usr/bin/xfce4-session")); err == nil {
+		t.Errorf("building desktop changed desktop-lite")
 	}
 	t.Logf("image %s: cached=%v size=%d MB rootfs=%s", img.Name, img.Cached, img.SizeBytes>>20, img.RootFS)
 	for _, p := range []string{

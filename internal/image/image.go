@@ -60,9 +60,12 @@ type Image struct {
 	RecipeHash string `json:"recipe_hash,omitempty"` // for Source "recipe"
 	// KernelFrom names the image whose guest kernel an import was given
 	// for VM backends ("" when it brought its own, or has none).
-	KernelFrom string    `json:"kernel_from,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
-	SizeBytes  int64     `json:"size_bytes"` // apparent size of the rootfs
+	KernelFrom string `json:"kernel_from,omitempty"`
+	// From is the image version ("desktop-lite@3") a recipe with "from"
+	// was built on.
+	From      string    `json:"from,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	SizeBytes int64     `json:"size_bytes"` // apparent size of the rootfs
 	// Desktop is what the image has for a desktop session, as the agent in
 	// its sandboxes will find it (see detect.Detect): without an X server
 	// its sandboxes are headless.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -47,7 +48,18 @@ func TestValidateName(t *testing.T) {
 }
 
 func TestLoadDesktopRecipe(t *testing.T) {
-	r, err := LoadRecipe(images.Desktop())
+	d, err := LoadRecipe(images.Desktop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.From != "desktop-lite" || !slices.Contains(d.Packages, "xfce4-session") || !slices.Contains(d.Packages, "xfce4-panel") {
+		t.Errorf("desktop recipe: from %q, packages %v; want XFCE on desktop-lite", d.From, d.Packages)
+	}
+	liteFS, ok := images.Recipe("desktop-lite")
+	if !ok {
+		t.Fatal("no desktop-lite recipe")
+	}
+	r, err := LoadRecipe(liteFS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +80,7 @@ func TestLoadDesktopRecipe(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"files/etc/cubicle/session.json", "files/usr/local/bin/cubicle-browser", "files/usr/local/bin/startxfce4", "files/etc/chromium/policies/managed/cubicle.json"} {
-		if _, err := images.Desktop().Open(p); err != nil {
+		if _, err := liteFS.Open(p); err != nil {
 			t.Errorf("recipe lacks %s: %v", p, err)
 		}
 	}
@@ -76,13 +88,27 @@ func TestLoadDesktopRecipe(t *testing.T) {
 
 func TestLoadRecipeRejects(t *testing.T) {
 	for name, js := range map[string]string{
-		"package injection": `{"suite":"bookworm","packages":["vim; rm -rf /"]}`,
-		"bad suite":         `{"suite":"../x"}`,
-		"bad mirror":        `{"suite":"bookworm","mirror":"ftp://x y"}`,
-		"relative dir":      `{"suite":"bookworm","dirs":[{"path":"etc/x"}]}`,
-		"unknown owner":     `{"suite":"bookworm","dirs":[{"path":"/x","owner":"bob"}]}`,
-		"bad mode":          `{"suite":"bookworm","modes":{"/x":"999"}}`,
-		"root uid":          `{"suite":"bookworm","users":[{"name":"u","uid":0,"gid":1,"home":"/home/u"}]}`,
+		"package injection":   `{"suite":"bookworm","packages":["vim; rm -rf /"]}`,
+		"bad suite":           `{"suite":"../x"}`,
+		"bad mirror":          `{"suite":"bookworm","mirror":"ftp://x y"}`,
+		"relative dir":        `{"suite":"bookworm","dirs":[{"path":"etc/x"}]}`,
+		"unknown owner":       `{"suite":"bookworm","dirs":[{"path":"/x","owner":"bob"}]}`,
+		"bad mode":            `{"suite":"bookworm","modes":{"/x":"999"}}`,
+		"root uid":            `{"suite":"bookworm","users":[{"name":"u","uid":0,"gid":1,"home":"/home/u"}]}`,
+		"from and suite":      `{"from":"desktop","suite":"bookworm"}`,
+		"from and mirror":     `{"from":"desktop","mirror":"http://x"}`,
+		"bad from":            `{"from":"../desktop"}`,
+		"remove w/o from":     `{"suite":"bookworm","remove":["/opt/x"]}`,
+		"remove relative":     `{"from":"desktop","remove":["opt/x"]}`,
+		"remove /etc":         `{"from":"desktop","remove":["/etc"]}`,
+		"remove root":         `{"from":"desktop","remove":["/"]}`,
+		"policy name":         `{"from":"desktop","chromium":{"policies":{"a b":1}}}`,
+		"flag no dashes":      `{"from":"desktop","chromium":{"flags":["load-extension=/x"]}}`,
+		"load-extension flag": `{"from":"desktop","chromium":{"flags":["--load-extension=/x"]}}`,
+		"flag newline":        `{"from":"desktop","chromium":{"flags":["--a\n--b"]}}`,
+		"extension comma":     `{"from":"desktop","chromium":{"extensions":["/a,/b"]}}`,
+		"extension rel":       `{"from":"desktop","chromium":{"extensions":["ext"]}}`,
+		"bad owner w/ from":   `{"from":"desktop","dirs":[{"path":"/x","owner":"B@d"}]}`,
 	} {
 		fsys := fstest.MapFS{"recipe.json": {Data: []byte(js)}}
 		if _, err := LoadRecipe(fsys); err == nil {

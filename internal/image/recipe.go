@@ -22,7 +22,14 @@ const recipeFormat = "cubicle-recipe-v1"
 // Recipe is the parsed recipe.json of an image recipe directory. Files to add
 // to the rootfs live next to it under files/, mirroring their rootfs paths.
 type Recipe struct {
-	Comment    string   `json:"comment,omitempty"`
+	Comment string `json:"comment,omitempty"`
+	// From names an installed image this recipe extends ("desktop"): the
+	// build starts from a copy of its root filesystem instead of
+	// debootstrap, so Suite, Variant, Mirror, Components and Security are
+	// inherited and may not be given, Packages are installed on top, users
+	// of the parent may own Dirs, and the VM form reuses the parent's
+	// kernel. An operator's image is then a few lines on top of ours.
+	From       string   `json:"from,omitempty"`
 	Suite      string   `json:"suite"`      // Debian suite, e.g. "bookworm"
 	Variant    string   `json:"variant"`    // debootstrap variant, e.g. "minbase"
 	Mirror     string   `json:"mirror"`     // e.g. "http://deb.debian.org/debian"
@@ -49,6 +56,33 @@ type Recipe struct {
 	// Links may not sit under /proc, /sys or /dev (the runtime mounts over
 	// them) nor under another link.
 	Links map[string]string `json:"links,omitempty"`
+	// Remove lists absolute paths (files, links or whole directories) of
+	// the parent image to delete before files/ is copied, so a recipe
+	// that extends another can take out what it replaces (a stand-in
+	// program, a default config). Only with From.
+	Remove []string `json:"remove,omitempty"`
+	// Chromium adds managed policies and launcher flags without the
+	// recipe having to know the file layout Chromium and cubicle-browser
+	// read. Policies of every recipe in a From chain are merged, the
+	// child's keys winning.
+	Chromium *ChromiumRecipe `json:"chromium,omitempty"`
+}
+
+// ChromiumRecipe is what a recipe adds to the image's Chromium.
+type ChromiumRecipe struct {
+	// Policies are Chromium enterprise policies (ManagedBookmarks,
+	// ExtensionInstallForcelist, HomepageLocation, ...), written to
+	// /etc/chromium/policies/managed/zz-recipe.json: Chromium gives the
+	// file that sorts last the final say, so these override the base
+	// image's cubicle.json.
+	Policies map[string]json.RawMessage `json:"policies,omitempty"`
+	// Flags are extra Chromium switches, one per element, appended to
+	// /etc/cubicle/chromium-flags.d/zz-recipe (read by cubicle-browser).
+	Flags []string `json:"flags,omitempty"`
+	// Extensions are unpacked extensions in the image (absolute paths of
+	// directories holding manifest.json, usually shipped under files/),
+	// loaded into every Chromium the session starts (--load-extension).
+	Extensions []string `json:"extensions,omitempty"`
 }
 
 // VMRecipe says how to build an image's VM form.
@@ -92,6 +126,24 @@ func LoadRecipe(recipeFS fs.FS) (*Recipe, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return nil, fmt.Errorf("parse recipe.json: %w", err)
 	}
+	if r.From != "" {
+		if err := ValidateName(r.From); err != nil {
+			return nil, fmt.Errorf("recipe.json: from: %w", err)
+		}
+		for field, set := range map[string]bool{"suite": r.Suite != "", "variant": r.Variant != "", "mirror": r.Mirror != "",
+			"components": len(r.Components) > 0, "security": r.Security != ""} {
+			if set {
+				return nil, fmt.Errorf("recipe.json: %q comes from the image %s and may not be set with \"from\"", field, r.From)
+			}
+		}
+		if err := r.validate(); err != nil {
+			return nil, fmt.Errorf("recipe.json: %w", err)
+		}
+		return &r, nil
+	}
+	if len(r.Remove) > 0 {
+		return nil, fmt.Errorf("recipe.json: \"remove\" needs \"from\" (there is nothing to remove from a fresh debootstrap)")
+	}
 	if r.Variant == "" {
 		r.Variant = "minbase"
 	}
@@ -113,17 +165,19 @@ func LoadRecipe(recipeFS fs.FS) (*Recipe, error) {
 // validate rejects anything that would not be safe to put on a command line
 // or in a shell script.
 func (r *Recipe) validate() error {
-	if !wordRE.MatchString(r.Suite) {
-		return fmt.Errorf("bad suite %q", r.Suite)
-	}
-	if !wordRE.MatchString(r.Variant) {
-		return fmt.Errorf("bad variant %q", r.Variant)
-	}
-	if !urlRE.MatchString(r.Mirror) {
-		return fmt.Errorf("bad mirror %q", r.Mirror)
-	}
-	if r.Security != "none" && !urlRE.MatchString(r.Security) {
-		return fmt.Errorf("bad security mirror %q", r.Security)
+	if r.From == "" {
+		if !wordRE.MatchString(r.Suite) {
+			return fmt.Errorf("bad suite %q", r.Suite)
+		}
+		if !wordRE.MatchString(r.Variant) {
+			return fmt.Errorf("bad variant %q", r.Variant)
+		}
+		if !urlRE.MatchString(r.Mirror) {
+			return fmt.Errorf("bad mirror %q", r.Mirror)
+		}
+		if r.Security != "none" && !urlRE.MatchString(r.Security) {
+			return fmt.Errorf("bad security mirror %q", r.Security)
+		}
 	}
 	for _, c := range r.Components {
 		if !wordRE.MatchString(c) {
@@ -155,7 +209,9 @@ func (r *Recipe) validate() error {
 		if _, err := parseMode(d.Mode, 0o755); err != nil {
 			return fmt.Errorf("dir %s: %w", d.Path, err)
 		}
-		if d.Owner != "" && !users[d.Owner] {
+		// A recipe with From may name a user of its parent image;
+		// the build resolves it in the image's /etc/passwd.
+		if d.Owner != "" && !users[d.Owner] && (r.From == "" || !wordRE.MatchString(d.Owner)) {
 			return fmt.Errorf("dir %s: owner %q is not a recipe user", d.Path, d.Owner)
 		}
 	}
@@ -172,8 +228,44 @@ func (r *Recipe) validate() error {
 			return err
 		}
 	}
+	for _, p := range r.Remove {
+		if !cleanAbs(p) || strings.ContainsAny(p, "\x00\n") {
+			return fmt.Errorf("bad path %q in remove", p)
+		}
+		for _, f := range append([]string{"/etc/passwd", "/etc/group", "/etc/shadow", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc"}, linkForbidden...) {
+			if p == f {
+				return fmt.Errorf("remove %s: would break the image", p)
+			}
+		}
+	}
+	if c := r.Chromium; c != nil {
+		for k, v := range c.Policies {
+			if !policyRE.MatchString(k) {
+				return fmt.Errorf("chromium policy name %q: want a Chromium policy name (letters and digits)", k)
+			}
+			if !json.Valid(v) {
+				return fmt.Errorf("chromium policy %s: not JSON", k)
+			}
+		}
+		for _, f := range c.Flags {
+			if !strings.HasPrefix(f, "--") || strings.ContainsAny(f, "\x00\n\r") {
+				return fmt.Errorf("chromium flag %q: want one --switch[=value] per element", f)
+			}
+			if strings.HasPrefix(f, "--load-extension") {
+				return fmt.Errorf("chromium flag %q: list unpacked extensions under \"extensions\" (Chromium reads only one --load-extension)", f)
+			}
+		}
+		for _, e := range c.Extensions {
+			if !cleanAbs(e) || strings.ContainsAny(e, ",\x00\n\r") {
+				return fmt.Errorf("chromium extension %q: want the absolute path of an unpacked extension directory (no commas)", e)
+			}
+		}
+	}
 	return nil
 }
+
+// policyRE matches Chromium policy names (ManagedBookmarks, ...).
+var policyRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9]{0,99}$`)
 
 // linkForbidden lists the trees a recipe link may not sit in: the runtime
 // mounts its own proc, sysfs and devices over them.

@@ -660,7 +660,7 @@ func measureCreate(ctx context.Context, c *client.Client, backend string, res cl
 // each method tried: a qcow2 overlay (QEMU) and a reflink-or-sparse copy of
 // the raw ext4 (Firecracker).
 func measureDisks(imageDir string) []result {
-	base := filepath.Join(imageDir, "desktop", "disk.ext4")
+	base := filepath.Join(imageDir, "desktop-lite", "disk.ext4")
 	if _, err := os.Stat(base); err != nil {
 		log.Printf("no VM disk to measure: %v", err)
 		return nil

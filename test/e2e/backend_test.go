@@ -71,7 +71,7 @@ func needsBackend(t *testing.T, backend string) {
 				needs.Skip(t, "firecracker needs /dev/kvm: %v", err)
 			}
 		}
-		img, err := cimage.Lookup(imageDir(), "desktop")
+		img, err := cimage.Lookup(imageDir(), "desktop-lite")
 		if err == nil {
 			_, err = cimage.LookupVM(img.RootFS)
 		}

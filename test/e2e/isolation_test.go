@@ -63,7 +63,7 @@ func assertIsolation(t *testing.T, c *client.Client, id, isolation string) {
 // which opens it read-only) for VMs. ok is false when the file is not there.
 func imageFile(t *testing.T, backend, path string) (data string, ok bool) {
 	t.Helper()
-	img, err := cimage.Lookup(imageDir(), "desktop")
+	img, err := cimage.Lookup(imageDir(), "desktop-lite")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -304,7 +304,7 @@ func hostDisk(t *testing.T, dataDir, backend, id string) (string, int64) {
 	case "gvisor", "runc":
 		return filepath.Join(dataDir, "oci", backend, id, "disk.ext4"), 257 << 20
 	}
-	img, err := cimage.Lookup(imageDir(), "desktop")
+	img, err := cimage.Lookup(imageDir(), "desktop-lite")
 	if err != nil {
 		t.Fatal(err)
 	}

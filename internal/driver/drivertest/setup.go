@@ -25,7 +25,7 @@ func ImageDir() string {
 // (image.LookupVM), as the qemu and firecracker drivers need.
 func DesktopImage(t testing.TB, vm bool) string {
 	t.Helper()
-	img, err := image.Lookup(ImageDir(), "desktop")
+	img, err := image.Lookup(ImageDir(), "desktop-lite")
 	if err != nil {
 		needs.Skip(t, "needs the desktop image in %s (cubicle image build desktop): %v", ImageDir(), err)
 		return ""
