@@ -13,7 +13,7 @@ CRASH_ROUNDS   ?= 50
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer lint proto clean
+.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images lint proto clean
 
 all: build
 
@@ -112,6 +112,11 @@ bench-agent-step: deps image
 # bench-computer measures both of the above in one run, as issue 13 asks.
 bench-computer: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-computer
+
+# bench-images compares the desktop (XFCE) and desktop-lite images:
+# create-to-ready, session shown, idle memory.
+bench-images: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-images
 
 lint:
 	gofmt -l . | (! grep .)

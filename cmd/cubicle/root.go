@@ -146,8 +146,8 @@ Environment: CUBICLE_URL (daemon address), CUBICLE_API_KEY, CUBICLE_IMAGE_DIR.`,
 	root.AddCommand(
 		createCmd(a), listCmd(a), getCmd(a), rmCmd(a), extendCmd(a), pauseCmd(a), resumeCmd(a),
 		screenshotCmd(a), clickCmd(a), moveCmd(a), dragCmd(a), scrollCmd(a), typeCmd(a), keyCmd(a), windowsCmd(a),
-		execCmd(a), cpCmd(a), infoCmd(a), viewCmd(a), imageCmd(a), volumeCmd(a), snapshotCmd(a), forkCmd(a),
-		metricsCmd(a),
+		execCmd(a), cpCmd(a), infoCmd(a), viewCmd(a), imageCmd(a), volumeCmd(a), snapshotCmd(a), recordingCmd(a), forkCmd(a),
+		metricsCmd(a), logsCmd(a),
 		mcpCmd(a),
 	)
 	return root

@@ -77,9 +77,14 @@ func run() error {
 		imageDir       = fs.String("image-dir", "/var/lib/cubicle/images", "built images (CUBICLE_IMAGE_DIR)")
 		defaultBackend = fs.String("default-backend", "auto", "auto, firecracker, qemu, gvisor or runc (CUBICLE_DEFAULT_BACKEND)")
 		maxSandboxes   = fs.Int("max-sandboxes", 16, "maximum live sandboxes (CUBICLE_MAX_SANDBOXES)")
+		defTemplate    = fs.String("default-template", "desktop", "image of a create that names no template: desktop (XFCE) or desktop-lite (openbox, lighter) or any installed image (CUBICLE_DEFAULT_TEMPLATE)")
 		keyMax         = fs.Int("key-max-sandboxes", 0, "maximum live sandboxes of one API key, native and E2B APIs together; 0 = only --max-sandboxes (CUBICLE_KEY_MAX_SANDBOXES)")
 		keyVolumes     = fs.Int("key-max-volumes", sandbox.DefaultMaxVolumesPerOwner, "volumes one API key may have (CUBICLE_KEY_MAX_VOLUMES)")
 		keySnapshots   = fs.Int("key-max-snapshots", sandbox.DefaultMaxSnapshotsPerOwner, "snapshots one API key may keep (CUBICLE_KEY_MAX_SNAPSHOTS)")
+		recRetention   = fs.Duration("recording-retention", sandbox.DefaultRecordingRetention, "how long a stopped screen recording's file is kept, however long its sandbox lives (CUBICLE_RECORDING_RETENTION)")
+		keyRecordings  = fs.Int("key-max-recordings", sandbox.DefaultMaxRecordingsPerOwner, "screen recordings one API key may keep (CUBICLE_KEY_MAX_RECORDINGS)")
+		recMax         = fs.Duration("recording-max-duration", sandbox.DefaultMaxRecordingDuration, "a screen recording stops by itself after this long (CUBICLE_RECORDING_MAX_DURATION)")
+		ffmpegBin      = fs.String("ffmpeg", "ffmpeg", "the ffmpeg program that encodes screen recordings (CUBICLE_FFMPEG)")
 		maxVolumeMB    = fs.Int("max-volume-mb", sandbox.DefaultMaxVolumeMB, "largest volume, in MiB; a volume's file is sparse and takes host disk only as sandboxes write (CUBICLE_MAX_VOLUME_MB)")
 		keyRate        = fs.Float64("key-create-rate", 0, "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
 		maxInFlight    = fs.Int("sandbox-max-requests", api.DefaultMaxInFlight, "requests to one sandbox in progress at once (screenshots, actions, commands, file transfers, live views, E2B data plane); 429 beyond; 0 = no bound (CUBICLE_SANDBOX_MAX_REQUESTS)")
@@ -139,6 +144,15 @@ func run() error {
 	if *keySnapshots < 1 {
 		return fmt.Errorf("%s: want at least 1", conf.origin("key-max-snapshots"))
 	}
+	if *recRetention < time.Minute {
+		return fmt.Errorf("%s: want at least 1m", conf.origin("recording-retention"))
+	}
+	if *keyRecordings < 1 {
+		return fmt.Errorf("%s: want at least 1", conf.origin("key-max-recordings"))
+	}
+	if *recMax < time.Second {
+		return fmt.Errorf("%s: want at least 1s", conf.origin("recording-max-duration"))
+	}
 	if *maxVolumeMB < sandbox.MinVolumeMB {
 		return fmt.Errorf("%s: want at least %d MiB", conf.origin("max-volume-mb"), sandbox.MinVolumeMB)
 	}
@@ -173,6 +187,9 @@ func run() error {
 	})
 	fc := newFirecracker(*agentBin, *imageDir)
 	drivers["firecracker"] = fc
+	if err := image.ValidateName(*defTemplate); err != nil {
+		return fmt.Errorf("%s: %w", conf.origin("default-template"), err)
+	}
 	if _, ok := drivers[*defaultBackend]; !ok && *defaultBackend != "auto" {
 		return fmt.Errorf("%s: want auto, firecracker, qemu, gvisor or runc", conf.origin("default-backend"))
 	}
@@ -196,11 +213,16 @@ func run() error {
 			}
 			return img.RootFS, nil
 		},
-		MaxSandboxes:         *maxSandboxes,
-		MaxPerOwner:          *keyMax,
-		MaxVolumesPerOwner:   *keyVolumes,
-		MaxSnapshotsPerOwner: *keySnapshots,
-		MaxVolumeMB:          *maxVolumeMB,
+		MaxSandboxes:          *maxSandboxes,
+		DefaultTemplate:       *defTemplate,
+		MaxPerOwner:           *keyMax,
+		MaxVolumesPerOwner:    *keyVolumes,
+		MaxSnapshotsPerOwner:  *keySnapshots,
+		MaxVolumeMB:           *maxVolumeMB,
+		RecordingRetention:    *recRetention,
+		MaxRecordingsPerOwner: *keyRecordings,
+		MaxRecordingDuration:  *recMax,
+		FFmpeg:                *ffmpegBin,
 		// Per key: the rate, with bursts of twice it (at least one create).
 		OwnerCreateRate:  rate.Limit(*keyRate),
 		OwnerCreateBurst: max(1, int(2**keyRate)),
@@ -243,8 +265,12 @@ func run() error {
 		dp := dataplane.New(dataplane.Config{TokenKey: viewKey, Domain: *e2bDomain, InFlight: inFlight}, mgr, log)
 		templates := map[string]string{"desktop": "desktop", "base": "base"}
 		if _, err := image.Lookup(*imageDir, "base"); err != nil {
-			// No plain image built: E2B's default template gets the desktop.
+			// No plain image built: E2B's default template gets the
+			// lighter desktop (E2B's base has none at all).
 			templates["base"] = "desktop"
+			if _, err := image.Lookup(*imageDir, "desktop-lite"); err == nil {
+				templates["base"] = "desktop-lite"
+			}
 		}
 		cp := e2b.New(e2b.Config{APIKeys: keys, TokenKey: viewKey, Domain: *e2bDomain, Templates: templates}, mgr, log)
 		mounts = append(mounts,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/apikey"
+	"github.com/cubicle-dev/cubicle/internal/consolelog"
 	"github.com/cubicle-dev/cubicle/internal/inflight"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -45,6 +47,11 @@ type Manager interface {
 	// the kept history after since (zero: all). ErrConflict once the
 	// sandbox is stopping or gone.
 	Usage(ctx context.Context, id string, since time.Time) (sandbox.Usage, error)
+	// Logs returns the lines q selects of what sandbox id printed, of a
+	// live sandbox or a stopped one still listed; ErrNotFound for an
+	// unknown sandbox or one of another owner than owner (KeyOwner of the
+	// request's key; "" without keys, which sees every sandbox).
+	Logs(ctx context.Context, id, owner string, q consolelog.Query) ([]sandbox.LogEntry, error)
 	// Agent returns the agent client of a running sandbox and marks it active
 	// (idle timer reset). errdefs.ErrNotFound for unknown ids, ErrConflict
 	// when not running.
@@ -79,6 +86,20 @@ type Manager interface {
 	ListSnapshots(ctx context.Context, owner, sandboxID string) []sandbox.Snapshot
 	GetSnapshot(ctx context.Context, owner, ref string) (sandbox.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, owner, ref string) error
+
+	// StartRecording starts recording a running sandbox's screen for
+	// owner (one recording per sandbox at a time); StopRecording ends
+	// one (of sandboxID when not "") once its file is complete;
+	// ListRecordings (all of owner's, or those of one sandbox),
+	// GetRecording, OpenRecording (the file, once stopped) and
+	// DeleteRecording manage them. Another key's recordings are not
+	// found.
+	StartRecording(ctx context.Context, id, owner string, req sandbox.RecordingRequest) (sandbox.Recording, error)
+	StopRecording(ctx context.Context, owner, sandboxID, id string) (sandbox.Recording, error)
+	ListRecordings(ctx context.Context, owner, sandboxID string) []sandbox.Recording
+	GetRecording(ctx context.Context, owner, id string) (sandbox.Recording, error)
+	OpenRecording(ctx context.Context, owner, id string) (sandbox.Recording, *os.File, error)
+	DeleteRecording(ctx context.Context, owner, id string) error
 }
 
 // Defaults of Config.
@@ -249,6 +270,7 @@ func (s *server) routes() []route {
 		{pattern: "POST /v1/sandboxes/{id}/resume", handler: s.resumeSandbox},
 		{pattern: "POST /v1/sandboxes/{id}/fork", handler: s.forkSandbox},
 		{pattern: "GET /v1/sandboxes/{id}/metrics", handler: s.sandboxMetrics},
+		{pattern: "GET /v1/sandboxes/{id}/logs", handler: s.sandboxLogs},
 
 		{pattern: "POST /v1/volumes", handler: s.createVolume},
 		{pattern: "GET /v1/volumes", handler: s.listVolumes},
@@ -259,6 +281,14 @@ func (s *server) routes() []route {
 		{pattern: "GET /v1/snapshots", handler: s.listSnapshots},
 		{pattern: "GET /v1/snapshots/{snapshot}", handler: s.getSnapshot},
 		{pattern: "DELETE /v1/snapshots/{snapshot}", handler: s.deleteSnapshot},
+
+		{pattern: "POST /v1/sandboxes/{id}/recordings", handler: s.startRecording},
+		{pattern: "GET /v1/sandboxes/{id}/recordings", handler: s.listSandboxRecordings},
+		{pattern: "POST /v1/sandboxes/{id}/recordings/{recording}/stop", handler: s.stopRecording},
+		{pattern: "GET /v1/recordings", handler: s.listRecordings},
+		{pattern: "GET /v1/recordings/{recording}", handler: s.getRecording},
+		{pattern: "GET /v1/recordings/{recording}/file", handler: s.recordingFile},
+		{pattern: "DELETE /v1/recordings/{recording}", handler: s.deleteRecording},
 
 		{pattern: "GET /v1/sandboxes/{id}/screenshot", handler: s.screenshot, agent: true},
 		{pattern: "POST /v1/sandboxes/{id}/actions", handler: s.actions, agent: true},

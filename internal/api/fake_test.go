@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/consolelog"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/metrics"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -55,6 +56,7 @@ type fakeManager struct {
 	agentCalls int                       // Agent calls (each one is activity)
 	volumes    map[string]sandbox.Volume // by owner + "/" + name
 	snapshots  map[string]snapOf         // by ID
+	recordings map[string]recOf          // by ID (recordings_test.go)
 	lastSnap   struct {
 		id, owner, name string
 		metadata        map[string]string
@@ -62,6 +64,10 @@ type fakeManager struct {
 	lastVolume struct {
 		owner, name string
 		sizeMB      int
+	}
+	lastLogs struct { // logs_test.go
+		id, owner string
+		q         consolelog.Query
 	}
 }
 

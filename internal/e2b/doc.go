@@ -77,7 +77,7 @@
 //   - Only live sandboxes (cubicle states starting and running, shown as
 //     "running", and pausing, paused and resuming, shown as "paused")
 //     exist for this API. Stopping, stopped and failed ones
-//     are 404 for get, connect, timeout, pause, metrics, logs and kill: E2B
+//     are 404 for get, connect, timeout, pause, metrics and kill: E2B
 //     forgets a killed sandbox at once, and the SDK's kill() returns false on
 //     404, which is the truth for a sandbox that is already gone.
 //   - POST /sandboxes/{id}/pause answers 204 once the sandbox is paused,
@@ -89,7 +89,16 @@
 //     extends it (200); the deprecated resume answers 201 or 409. A
 //     paused sandbox is listed and shown with state "paused".
 //   - cpuCount and memoryMB are the backend's defaults (E2B's create cannot
-//     ask for others); diskSizeMB is 0 (unknown). Logs are always empty.
+//     ask for others); diskSizeMB is 0 (unknown).
+//   - Logs (v1 and v2) are what the sandbox printed on its console: the
+//     agent's structured log (session programs starting and exiting, with
+//     their fields) and the lines of the programs and, in a VM, the kernel
+//     (sandbox.Manager.Logs): the newest 5000 lines or 1 MiB, each at most
+//     4 KiB. Unlike the other endpoints they answer for a stopped sandbox
+//     as long as cubicle lists it (10 minutes by default), as E2B keeps a
+//     killed sandbox's logs; then 404. A line's timestamp is the agent's
+//     own or when cubicled read it (within 5 s); timestamps are unique and
+//     follow the order of printing.
 //   - getMetrics answers the samples cubicle keeps of every live sandbox
 //     (every 5 s, for 10 minutes, by default: sandbox.Usage) between start
 //     and end, measured from the host (the cgroup, or the VMM process), not

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/consolelog"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
@@ -46,6 +47,10 @@ type fakeManager struct {
 
 	// usage is what Usage has of each sandbox (metrics_test.go).
 	usage map[string][]sandbox.UsageSample
+	// logs, logOwners and logQueries are for Logs (logs_test.go).
+	logs       map[string]*consolelog.Ring
+	logOwners  map[string]string
+	logQueries []consolelog.Query
 }
 
 // fakeSnap is a snapshot of the fake and its owner.

@@ -306,20 +306,6 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, ""))
 }
 
-func (s *Server) logsV1(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.lookup(w, r); !ok {
-		return
-	}
-	writeJSON(w, http.StatusOK, logsV1Body{Logs: []struct{}{}, LogEntries: []struct{}{}})
-}
-
-func (s *Server) logsV2(w http.ResponseWriter, r *http.Request) {
-	if _, ok := s.lookup(w, r); !ok {
-		return
-	}
-	writeJSON(w, http.StatusOK, logsV2Body{Logs: []struct{}{}})
-}
-
 // listV1 answers the deprecated GET /sandboxes: every running sandbox,
 // newest first, filtered by metadata only.
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/apikey"
+	"github.com/cubicle-dev/cubicle/internal/consolelog"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
@@ -42,6 +43,10 @@ type Manager interface {
 	// Usage returns a sandbox's resource samples after since (zero:
 	// all), for getMetrics.
 	Usage(ctx context.Context, id string, since time.Time) (sandbox.Usage, error)
+	// Logs returns the lines q selects of what sandbox id printed, live
+	// or stopped while it is still listed; errdefs.ErrNotFound for
+	// an unknown sandbox or another owner's.
+	Logs(ctx context.Context, id, owner string, q consolelog.Query) ([]sandbox.LogEntry, error)
 }
 
 // Config configures a Server. Zero values get the defaults noted.

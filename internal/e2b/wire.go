@@ -60,13 +60,13 @@ type lifecycle struct {
 
 // logsV1Body is E2B's SandboxLogs (deprecated logs endpoint).
 type logsV1Body struct {
-	Logs       []struct{} `json:"logs"`
-	LogEntries []struct{} `json:"logEntries"`
+	Logs       []logLineBody  `json:"logs"`
+	LogEntries []logEntryBody `json:"logEntries"`
 }
 
 // logsV2Body is E2B's SandboxLogsV2Response.
 type logsV2Body struct {
-	Logs []struct{} `json:"logs"`
+	Logs []logEntryBody `json:"logs"`
 }
 
 // resources are the vCPUs and memory a backend gives a sandbox when the

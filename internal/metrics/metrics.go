@@ -33,6 +33,8 @@ type Metrics struct {
 	PoolReady          *prometheus.GaugeVec     // pool: booted desktops waiting for a create
 	PoolClaims         *prometheus.CounterVec   // pool, result: hit (a create took one) or miss
 	ClaimDuration      *prometheus.HistogramVec // backend: create-to-ready of creates served by the pool
+	RecordingsActive   prometheus.Gauge         // screen recordings in progress
+	Recordings         *prometheus.CounterVec   // state: recordings ended, stopped (complete) or failed
 	// Sandboxes' own figures (CPU, memory, disk, network), one series
 	// per running sandbox; the manager sets its source.
 	SandboxUsage *SandboxCollector
@@ -112,6 +114,12 @@ func New() *Metrics {
 		ClaimDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "cubicle_pool_claim_duration_seconds", Help: "Create-to-ready of creates served by a warm pool.", Buckets: fastBuckets,
 		}, []string{"backend"}),
+		RecordingsActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_recordings_active", Help: "Screen recordings in progress.",
+		}),
+		Recordings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_recordings_total", Help: "Screen recordings ended, by outcome: stopped (the file is complete) or failed.",
+		}, []string{"state"}),
 		SandboxUsage: newSandboxCollector(),
 	}
 	m.Registry.MustRegister(
@@ -121,6 +129,7 @@ func New() *Metrics {
 		m.NetpoolFree, m.HTTPRequests,
 		m.ViewConnections, m.ViewBytes, m.ViewInputDropped, m.InFlightRefused,
 		m.PoolReady, m.PoolClaims, m.ClaimDuration, m.SandboxUsage,
+		m.RecordingsActive, m.Recordings,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

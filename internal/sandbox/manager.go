@@ -45,7 +45,10 @@ type Config struct {
 	Drivers        map[string]driver.Driver // backends by name (required)
 	DefaultBackend string                   // "auto" (default) or a backend name
 	Images         ImageResolver            // template → rootfs (required)
-	MaxSandboxes   int                      // default 16
+	// DefaultTemplate is the image of a create that names none (default
+	// "desktop"; "desktop-lite" trades XFCE for density).
+	DefaultTemplate string
+	MaxSandboxes    int // default 16
 	// MaxPerOwner caps the live sandboxes of one owner (one API key, see
 	// CreateRequest.Owner); 0 means only MaxSandboxes applies.
 	MaxPerOwner int
@@ -82,6 +85,17 @@ type Config struct {
 	// (default DefaultUsageWindow); see usage.go.
 	UsageInterval time.Duration
 	UsageWindow   time.Duration
+	// RecordingRetention is how long a stopped recording's file is kept
+	// (default DefaultRecordingRetention); MaxRecordingsPerOwner how many
+	// recordings one API key may keep (default
+	// DefaultMaxRecordingsPerOwner); MaxRecordingDuration when a
+	// recording stops by itself (default DefaultMaxRecordingDuration).
+	// FFmpeg is the encoder program ("" = ffmpeg on PATH). See
+	// recording.go.
+	RecordingRetention    time.Duration
+	MaxRecordingsPerOwner int
+	MaxRecordingDuration  time.Duration
+	FFmpeg                string
 
 	Metrics *metrics.Metrics
 	Log     *slog.Logger
@@ -106,6 +120,7 @@ type Manager struct {
 	limiters map[string]*rate.Limiter // per owner, with OwnerCreateRate
 	volumes  map[string]*volume       // by volumeKey
 	snaps    map[string]*snap         // snapshots by ID
+	recs     map[string]*recorder     // recordings by ID
 	// gaugeKeys are the (state, backend) series of cubicle_sandboxes set
 	// last, so that updateGaugesLocked can delete the ones that go away.
 	gaugeKeys map[[2]string]int
@@ -155,6 +170,9 @@ type entry struct {
 	// stopFailed is set when teardown could not free everything; each
 	// reaper pass tries again (retrying, while one runs) until it can.
 	stopFailed, retrying bool
+	// logs is what was read of the box's console (logs.go); nil until
+	// first read. Set under Manager.mu.
+	logs *consoleTail
 }
 
 // New opens the store, re-adopts the sandboxes a previous daemon left
@@ -196,6 +214,15 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if cfg.MaxSnapshotsPerOwner == 0 {
 		cfg.MaxSnapshotsPerOwner = DefaultMaxSnapshotsPerOwner
 	}
+	if cfg.RecordingRetention <= 0 {
+		cfg.RecordingRetention = DefaultRecordingRetention
+	}
+	if cfg.MaxRecordingsPerOwner <= 0 {
+		cfg.MaxRecordingsPerOwner = DefaultMaxRecordingsPerOwner
+	}
+	if cfg.MaxRecordingDuration <= 0 {
+		cfg.MaxRecordingDuration = DefaultMaxRecordingDuration
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = wallClock{}
 	}
@@ -223,6 +250,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		limiters:  make(map[string]*rate.Limiter),
 		volumes:   make(map[string]*volume),
 		snaps:     make(map[string]*snap),
+		recs:      make(map[string]*recorder),
 		avail:     make(map[string]availability),
 		freeBytes: freeSpace,
 		usage:     newUsageStore(cfg.UsageInterval, cfg.UsageWindow),
@@ -244,6 +272,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.sweepVolumeFiles()
 	if err := m.loadSnapshots(); err != nil {
+		cancel()
+		st.close()
+		return nil, err
+	}
+	if err := m.loadRecordings(); err != nil {
 		cancel()
 		st.close()
 		return nil, err
@@ -652,7 +685,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		}
 	}
 	if req.Template == "" {
-		req.Template = "desktop"
+		req.Template = m.cfg.DefaultTemplate
+		if req.Template == "" {
+			req.Template = "desktop"
+		}
 	}
 	// A box from a snapshot boots nothing: what it runs is the
 	// snapshot's, whatever became of its template's image since.
@@ -1007,6 +1043,9 @@ func (m *Manager) teardown(e *entry, reason string) {
 		if err := m.persist(e); err != nil {
 			log.Warn("persist stopping", "err", err)
 		}
+		// The recording ends first, while the screen is still there,
+		// and its file is complete before DELETE answers.
+		m.stopRecordingsOf(e.rec.Sandbox.ID)
 		<-e.started // a start in progress sees the state change and cleans up itself
 		e.op.Lock() // a pause or resume in progress ends first, and says what is left
 		defer e.op.Unlock()
@@ -1016,6 +1055,11 @@ func (m *Manager) teardown(e *entry, reason string) {
 		}
 		if e.client != nil {
 			e.client.Close()
+		}
+		if e.box != nil {
+			// Its log outlives the box for as long as its record is
+			// kept: the last lines before the files go with it.
+			m.readConsole(e, true)
 		}
 		if e.box != nil || e.paused != nil {
 			err = m.freeBox(e)

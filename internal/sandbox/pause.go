@@ -129,6 +129,9 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, p driver.Pauser) (_
 	if err := m.persist(e); err != nil {
 		m.log.Warn("persist pausing", "sandbox", id, "err", err)
 	}
+	// A VM resumed begins its console log anew: read what it printed
+	// before it goes.
+	m.readConsole(e, false)
 	t0 := time.Now()
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pauseBound)
 	paused, perr := p.Pause(pctx, box)

@@ -74,6 +74,7 @@ func (m *Manager) Reap() {
 		}
 	}
 	m.mu.Unlock()
+	m.reapRecordings(now)
 	for _, r := range dirty {
 		if err := m.store.put(r); err != nil {
 			m.log.Warn("persist activity", "sandbox", r.Sandbox.ID, "err", err)

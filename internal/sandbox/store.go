@@ -19,6 +19,9 @@ var (
 	bucketSandboxes = []byte("sandboxes")
 	bucketVolumes   = []byte("volumes")
 	bucketSnapshots = []byte("snapshots")
+	// bucketRecordings holds recordings (recording.go); the API view
+	// is stored whole, as it has nothing the store must hide.
+	bucketRecordings = []byte("recordings")
 )
 
 // store persists records in a bbolt file under the data dir.
@@ -33,7 +36,7 @@ func openStore(dataDir string) (*store, error) {
 		return nil, fmt.Errorf("open store %s: %w (is another cubicled running?)", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketSandboxes, bucketVolumes, bucketSnapshots} {
+		for _, b := range [][]byte{bucketSandboxes, bucketVolumes, bucketSnapshots, bucketRecordings} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -207,4 +210,47 @@ func decodeSnapshot(b []byte) (*snap, error) {
 		Owner: ss.Owner, Token: ss.Token, IP: ss.IP, Desktop: ss.Desktop, Isolation: ss.Isolation, Request: q,
 		Driver: driver.State{Version: ss.Driver.Version, Driver: ss.Driver.Name, Data: ss.Driver.Data},
 	}, nil
+}
+
+// storedRecording is a recording as the store keeps it.
+type storedRecording struct {
+	Version int       `json:"v"`
+	Owner   string    `json:"owner"`
+	Rec     Recording `json:"recording"`
+}
+
+const recordingVersion = 1
+
+func (s *store) putRecording(r *Recording, owner string) error {
+	b, err := json.Marshal(storedRecording{Version: recordingVersion, Owner: owner, Rec: *r})
+	if err != nil {
+		return fmt.Errorf("encode recording %s: %w", r.ID, err)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRecordings).Put([]byte(r.ID), b)
+	})
+}
+
+func (s *store) deleteRecording(id string) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRecordings).Delete([]byte(id))
+	})
+}
+
+func (s *store) allRecordings() ([]*recorder, error) {
+	var out []*recorder
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketRecordings).ForEach(func(k, b []byte) error {
+			var sr storedRecording
+			if err := json.Unmarshal(b, &sr); err != nil {
+				return fmt.Errorf("decode recording %q: %w", k, err)
+			}
+			if sr.Version != recordingVersion {
+				return fmt.Errorf("recording %q: record version %d: this cubicled reads version %d (was the data directory used by a newer cubicled?)", k, sr.Version, recordingVersion)
+			}
+			out = append(out, &recorder{Recording: sr.Rec, Owner: sr.Owner})
+			return nil
+		})
+	})
+	return out, err
 }

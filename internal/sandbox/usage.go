@@ -199,6 +199,7 @@ func (m *Manager) usageLoop() {
 			return
 		case <-t.C:
 			m.sampleUsage(m.ctx)
+			m.readConsoles()
 		}
 	}
 }

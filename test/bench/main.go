@@ -47,10 +47,13 @@ func main() {
 	onlyStep := flag.Bool("only-agent-step", false, "measure only an agent's step (act + settled screenshot in one call, two calls, a fixed 2 s sleep) and screenshot bytes at model sizes on one -backend sandbox, and rewrite only that section of -out")
 	nStep := flag.Int("n-step", 20, "agent steps measured each way")
 	onlyComputer := flag.Bool("only-computer", false, "measure, in one run, what -only-screenshot and -only-agent-step measure, and rewrite only those sections of -out")
+	onlyImages := flag.Bool("only-images", false, "measure only create-to-ready, session and idle memory of the desktop (XFCE) and desktop-lite images on gvisor and runc, and rewrite only that section of -out")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyImages:
+		err = runImages(*imageDir, *out, []string{"gvisor", "runc"}, *nCreate)
 	case *onlyComputer:
 		err = runScreenshot(*imageDir, *backend, *out, *n, *nSub)
 		if err == nil {

@@ -56,7 +56,7 @@ func measurePool(ctx context.Context, imageDir, backend string, size, n int) poo
 	if pr.err != nil {
 		return pr
 	}
-	pool := fmt.Sprintf("%s/desktop:%dx%d=%d", backend, res.Width, res.Height, size)
+	pool := fmt.Sprintf("%s/desktop-lite:%dx%d=%d", backend, res.Width, res.Height, size)
 	pr.err = withDaemon(ctx, imageDir, backend, []string{"--pool", pool}, func(d *harness.Daemon, c *client.Client) error {
 		for i := 0; i < n; i++ {
 			if err := waitPoolFull(ctx, c, size); err != nil {
@@ -168,7 +168,7 @@ func runPool(imageDir, backend, out string, n int) error {
 func poolReport(pr poolResult) string {
 	var b strings.Builder
 	b.WriteString("## Warm pool (make bench; bench -only-pool)\n\n")
-	fmt.Fprintf(&b, "Create-to-ready of a 1024×768 desktop on %s through the REST API (POST /v1/sandboxes until it answers running), each sandbox destroyed right after: cold, on a daemon without a pool, then from a pool of %d (`--pool %s/desktop:1024x768=%d`) on a daemon of its own, each create made once the pool was full again. A claim gives a booted box the create's token, environment and start URL (the agent's ApplySession) and starts its browser; a boot is not part of it. Anchor: E2B's published create of about 150 ms.\n\n", pr.backend, pr.size, pr.backend, pr.size)
+	fmt.Fprintf(&b, "Create-to-ready of a 1024×768 desktop on %s through the REST API (POST /v1/sandboxes until it answers running), each sandbox destroyed right after: cold, on a daemon without a pool, then from a pool of %d (`--pool %s/desktop-lite:1024x768=%d`) on a daemon of its own, each create made once the pool was full again. A claim gives a booted box the create's token, environment and start URL (the agent's ApplySession) and starts its browser; a boot is not part of it. Anchor: E2B's published create of about 150 ms.\n\n", pr.backend, pr.size, pr.backend, pr.size)
 	if pr.err != nil {
 		fmt.Fprintf(&b, "Failed: %v\n", pr.err)
 		return b.String()

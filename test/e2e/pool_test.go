@@ -30,7 +30,7 @@ func TestWarmPool(t *testing.T) {
 }
 
 func testWarmPool(t *testing.T, backend string) {
-	d, c := startDaemonArgs(t, backend, "--pool", backend+"/desktop:1024x768=2")
+	d, c := startDaemonArgs(t, backend, "--pool", backend+"/desktop-lite:1024x768=2")
 	ctx := context.Background()
 	waitPool := func(n int) {
 		t.Helper()

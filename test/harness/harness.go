@@ -86,8 +86,12 @@ type Options struct {
 	DataDir        string // required; reused across restarts
 	ImageDir       string // required
 	DefaultBackend string // default "gvisor"
-	Env            []string
-	Args           []string
+	// DefaultTemplate is the daemon's --default-template; default
+	// "desktop-lite": most tests are about the API, not XFCE, and the
+	// openbox image is lighter. Tests of the XFCE desktop name "desktop".
+	DefaultTemplate string
+	Env             []string
+	Args            []string
 	// APIKey is the daemon's API key; default a random "test-<hex>".
 	APIKey string
 	// ListenHost is the address the API listens on; default 127.0.0.1.
@@ -118,6 +122,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	if opts.DefaultBackend == "" {
 		opts.DefaultBackend = "gvisor"
 	}
+	if opts.DefaultTemplate == "" {
+		opts.DefaultTemplate = "desktop-lite"
+	}
 	key := make([]byte, 16)
 	rand.Read(key)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -147,7 +154,7 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 	args := append([]string{
 		"--listen", d.Addr, "--data-dir", d.opts.DataDir, "--image-dir", d.opts.ImageDir,
-		"--default-backend", d.opts.DefaultBackend, "--agent-bin", filepath.Join(d.bin, "cubicle-agent"),
+		"--default-backend", d.opts.DefaultBackend, "--default-template", d.opts.DefaultTemplate, "--agent-bin", filepath.Join(d.bin, "cubicle-agent"),
 		"--log-level", "debug", "--novnc-dir", NoVNCDir(),
 	}, d.opts.Args...)
 	cmd := exec.Command(filepath.Join(d.bin, "cubicled"), args...) //depcheck:built

@@ -368,3 +368,74 @@ if (!token) {
   setState('connecting', 'Connecting…');
   run(true);
 }
+
+// Recordings: the sandbox's screen recordings, replayed in a <video>. They
+// belong to an API key, which a view link does not carry, so the panel
+// appears only with the key the dashboard keeps for this tab (or on a
+// daemon without keys). The file is fetched with the key and played from a
+// blob URL: a <video src> could not send the key.
+const recKey = sessionStorage.getItem('cubicle.apiKey') || '';
+const recHeaders = recKey ? { 'X-API-Key': recKey } : {};
+let recBlobURL = '';
+
+async function listRecordings() {
+  const res = await fetch(`/v1/sandboxes/${encodeURIComponent(sandboxID)}/recordings`, { headers: recHeaders });
+  if (!res.ok) return null;
+  return (await res.json()).recordings || [];
+}
+
+async function showRecordings() {
+  const list = $('recordings-list');
+  const recs = await listRecordings();
+  list.replaceChildren();
+  if (!recs || recs.length === 0) {
+    $('recordings-note').textContent = recs ? 'No recordings yet.' : 'Could not list recordings.';
+    return;
+  }
+  $('recordings-note').textContent = '';
+  for (const r of recs) {
+    const li = document.createElement('li');
+    const secs = (r.duration_ms / 1000).toFixed(1);
+    li.textContent = `${new Date(r.started_at).toLocaleTimeString()} · ${secs} s · ${r.state} `;
+    if (r.state !== 'recording' && r.size_bytes > 0) {
+      const play = document.createElement('button');
+      play.type = 'button';
+      play.textContent = 'Play';
+      play.addEventListener('click', () => playRecording(r));
+      li.append(play);
+    }
+    list.append(li);
+  }
+}
+
+async function playRecording(r) {
+  $('recordings-note').textContent = 'Loading…';
+  const res = await fetch(`/v1/recordings/${encodeURIComponent(r.id)}/file`, { headers: recHeaders });
+  if (!res.ok) {
+    $('recordings-note').textContent = `Could not load the recording (${res.status}).`;
+    return;
+  }
+  if (recBlobURL) URL.revokeObjectURL(recBlobURL);
+  recBlobURL = URL.createObjectURL(await res.blob());
+  const video = $('recording-video');
+  video.src = recBlobURL;
+  video.hidden = false;
+  $('recordings-note').textContent = '';
+  video.play().catch(() => {});
+}
+
+function toggleRecordings(open) {
+  $('recordings-panel').hidden = !open;
+  $('recordings-toggle').setAttribute('aria-expanded', String(open));
+  if (open) showRecordings();
+  else $('recording-video').pause();
+}
+
+if (sandboxID) {
+  listRecordings().then((recs) => {
+    if (recs === null) return; // no key for them here
+    $('recordings-toggle').hidden = false;
+    $('recordings-toggle').addEventListener('click', () => toggleRecordings($('recordings-panel').hidden));
+    $('recordings-close').addEventListener('click', () => toggleRecordings(false));
+  }).catch(() => {});
+}

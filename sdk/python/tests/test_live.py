@@ -262,6 +262,59 @@ class DesktopTest(unittest.TestCase):
             self.c.get_snapshot("no-such-snapshot")
         self.assertEqual(self.c.list_snapshots(self.sb.id), [])
 
+    def test_clipboard(self) -> None:
+        text = "cubicle clipboard ✓ " + self.run_id
+        self.c.clipboard_set(self.sb.id, text)
+        self.assertEqual(self.c.clipboard_get(self.sb.id), text)
+        self.c.clipboard_set(self.sb.id, "Grüße 東京 😀")
+        self.assertEqual(self.c.clipboard_get(self.sb.id), "Grüße 東京 😀")
+
+    def test_metrics(self) -> None:
+        m = self.c.metrics(self.sb.id)
+        self.assertEqual((m.sandbox_id, m.backend, m.state), (self.sb.id, BACKEND, "running"))
+        self.assertGreater(m.interval_seconds, 0)
+        # The first sample comes one interval (5 s) after the start.
+        latest: list[cubicle.MetricsSample] = []
+
+        def sampled() -> bool:
+            got = self.c.metrics(self.sb.id).latest
+            if got is not None:
+                latest.append(got)
+            return got is not None
+
+        eventually("a metrics sample", sampled, timeout=30)
+        s = latest[-1]
+        self.assertGreater(s.memory_used_bytes, 0)
+        self.assertGreater(s.cpu_count, 0)
+        self.assertTrue(0 <= s.cpu_percent <= 100, s.cpu_percent)
+        assert s.timestamp is not None
+        later = self.c.metrics(self.sb.id, since=s.timestamp + timedelta(hours=1))
+        self.assertEqual(later.samples, [])
+
+    def test_logs(self) -> None:
+        # The agent logs the session's programs as they start.
+        logs = self.c.logs(self.sb.id)
+        self.assertTrue(any(e.source == "agent" and e.message == "session: started" and e.fields.get("program")
+                            for e in logs), [(e.source, e.message) for e in logs[:20]])
+        # What a program prints on the agent's stdout reaches the log (a
+        # root process in the sandbox may write there).
+        marker = "cubicle-sdk-python-log-" + self.run_id
+        last = logs[-1].raw_timestamp if logs else None
+        r = self.c.exec(self.sb.id, f"echo {marker} > /proc/1/fd/1")
+        self.assertEqual(r.exit_code, 0, r.stderr)
+        found: list[cubicle.LogEntry] = []
+
+        def printed() -> bool:
+            found[:] = [e for e in self.c.logs(self.sb.id, since=last, search=marker)]
+            return bool(found)
+
+        eventually("the marker in the logs", printed)
+        self.assertEqual((found[0].source, found[0].level, found[0].message), ("console", "info", marker))
+        self.assertEqual(self.c.logs(self.sb.id, since=found[0].raw_timestamp, search=marker), [])
+        self.assertEqual(len(self.c.logs(self.sb.id, limit=1)), 1)
+        with self.assertRaises(cubicle.InvalidArgumentError):
+            self.c.logs(self.sb.id, level="loud")
+
 
 class LifecycleTest(unittest.TestCase):
     """A second sandbox: created without waiting, paused and resumed where

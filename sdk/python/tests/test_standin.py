@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 import unittest
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import cubicle
@@ -253,6 +254,70 @@ class ConfigTest(unittest.TestCase):
             c.exec("abc")
         with self.assertRaises(ValueError):
             c.get("")
+
+
+class ClipboardMetricsLogsTest(unittest.TestCase):
+    """The request each call sends and how its answer is read."""
+
+    def setUp(self) -> None:
+        self.standin = StandIn()
+        self.addCleanup(self.standin.close)
+        self.c = cubicle.Client(self.standin.url, "k3y", max_retries=0, timeout=10)
+
+    def test_clipboard(self) -> None:
+        self.standin.script = [ok({"results": [{"type": "clipboard_get", "text": "héllo"}]}),
+                               ok({"results": [{"type": "clipboard_set"}]})]
+        self.assertEqual(self.c.clipboard_get("abc123"), "héllo")
+        self.c.clipboard_set("abc123", "wörld")
+        bodies = [json.loads(r["body"]) for r in self.standin.requests]
+        self.assertEqual(bodies, [{"actions": [{"type": "clipboard_get"}]},
+                                  {"actions": [{"type": "clipboard_set", "text": "wörld"}]}])
+        self.assertEqual({r["path"] for r in self.standin.requests}, {"/v1/sandboxes/abc123/actions"})
+
+    def test_metrics(self) -> None:
+        sample = {"timestamp": "2025-01-02T03:04:10Z", "cpu": {"used_seconds": 6.5, "percent": 50, "count": 2},
+                  "memory": {"used_bytes": 3, "cache_bytes": 2, "limit_bytes": 4},
+                  "disk": {"used_bytes": 5, "limit_bytes": 0},
+                  "network": {"rx_bytes": 10, "tx_bytes": 20, "rx_packets": 1, "tx_packets": 2}}
+        self.standin.script = [ok({"sandbox_id": "abc123", "backend": "gvisor", "state": "running",
+                                   "interval_seconds": 5, "window_seconds": 600, "latest": sample,
+                                   "samples": [sample]}),
+                               ok({"sandbox_id": "abc123", "latest": None, "samples": []})]
+        since = datetime(2025, 1, 2, 4, 4, 5, 500000, tzinfo=timezone(timedelta(hours=1)))
+        m = self.c.metrics("abc123", since=since)
+        self.assertEqual(self.standin.requests[0]["path"],
+                         "/v1/sandboxes/abc123/metrics?since=2025-01-02T03%3A04%3A05.500000Z")
+        self.assertIsNotNone(m.latest)
+        assert m.latest is not None
+        self.assertEqual((m.latest.cores_used, m.latest.memory_used_bytes, m.latest.disk_limit_bytes),
+                         (1.0, 3, 0))
+        self.assertEqual(m.latest.network, {"rx_bytes": 10, "tx_bytes": 20, "rx_packets": 1, "tx_packets": 2})
+        self.assertEqual((m.interval_seconds, len(m.samples)), (5.0, 1))
+        m = self.c.metrics("abc123")
+        self.assertEqual(self.standin.requests[1]["path"], "/v1/sandboxes/abc123/metrics")
+        self.assertIsNone(m.latest)
+        with self.assertRaises(ValueError):
+            self.c.metrics("abc123", since=datetime(2025, 1, 2))
+
+    def test_logs(self) -> None:
+        self.standin.script = [ok({"logs": [
+            {"timestamp": "2025-01-02T03:04:06.000000001Z", "level": "warn", "source": "agent",
+             "message": "session: exited", "fields": {"program": "x11vnc"}},
+            {"timestamp": "2025-01-02T03:04:07Z", "level": "info", "source": "console", "message": "hello"}]}),
+            ok({"logs": []}), err(404, "not_found", "sandbox not found")]
+        logs = self.c.logs("abc123", limit=5, level="warn", search="a b")
+        self.assertEqual(self.standin.requests[0]["path"],
+                         "/v1/sandboxes/abc123/logs?limit=5&level=warn&search=a+b")
+        self.assertEqual([(e.source, e.level, e.message) for e in logs],
+                         [("agent", "warn", "session: exited"), ("console", "info", "hello")])
+        self.assertEqual(logs[0].fields, {"program": "x11vnc"})
+        self.assertEqual(logs[0].raw_timestamp, "2025-01-02T03:04:06.000000001Z")
+        self.assertEqual(logs[1].timestamp, datetime(2025, 1, 2, 3, 4, 7, tzinfo=timezone.utc))
+        self.assertEqual(self.c.logs("abc123", since=logs[0].raw_timestamp), [])
+        self.assertEqual(self.standin.requests[1]["path"],
+                         "/v1/sandboxes/abc123/logs?since=2025-01-02T03%3A04%3A06.000000001Z")
+        with self.assertRaises(cubicle.NotFoundError):
+            self.c.logs("abc123")
 
 
 if __name__ == "__main__":

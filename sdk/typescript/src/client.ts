@@ -26,6 +26,10 @@ import type {
   Health,
   Info,
   Keys,
+  LogEntry,
+  LogsOptions,
+  Metrics,
+  MetricsOptions,
   MouseButton,
   Resolution,
   Sandbox,
@@ -108,6 +112,11 @@ function must(what: string, v: string): string {
 
 function sandboxPath(id: string, sub?: string): string {
   return `/v1/sandboxes/${must("sandbox id", id)}` + (sub ? `/${sub}` : "");
+}
+
+/** timeParam is a time for a query: strings as they are (a LogEntry's timestamp keeps its nanoseconds), Dates in RFC 3339. */
+function timeParam(t: Date | string): string {
+  return typeof t === "string" ? t : t.toISOString();
 }
 
 /** readJSON reads a JSON answer; an empty one (204) as undefined. */
@@ -272,6 +281,46 @@ export class Cubicle {
   }
 
   /**
+   * metrics returns the sandbox's resource figures as the host measures
+   * them: the latest sample and the history kept (after since, when
+   * given). Reading them is not activity for the idle timeout; a sandbox
+   * stopping or gone rejects with ConflictError.
+   */
+  metrics(id: string, opts: MetricsOptions & CallOptions = {}): Promise<Metrics> {
+    const query = new URLSearchParams();
+    if (opts.since !== undefined) {
+      query.set("since", timeParam(opts.since));
+    }
+    return this.#json({ method: "GET", path: sandboxPath(id, "metrics"), query, idempotent: true, signal: opts.signal });
+  }
+
+  /**
+   * logs returns what the sandbox printed on its console, oldest first:
+   * the agent's log of the session's programs, what they print and, in a
+   * VM, the kernel. Without since, the newest limit lines; with since (a
+   * LogEntry's timestamp), only those after it. Only the API key that
+   * created the sandbox reads its logs (NotFoundError for any other); a
+   * stopped sandbox's are kept while it is listed.
+   */
+  async logs(id: string, opts: LogsOptions & CallOptions = {}): Promise<LogEntry[]> {
+    const query = new URLSearchParams();
+    if (opts.since !== undefined) {
+      query.set("since", timeParam(opts.since));
+    }
+    if (opts.limit !== undefined) {
+      query.set("limit", String(opts.limit));
+    }
+    if (opts.level !== undefined) {
+      query.set("level", opts.level);
+    }
+    if (opts.search !== undefined) {
+      query.set("search", opts.search);
+    }
+    const out = await this.#json<{ logs?: LogEntry[] }>({ method: "GET", path: sandboxPath(id, "logs"), query, idempotent: true, signal: opts.signal });
+    return out?.logs ?? [];
+  }
+
+  /**
    * fork copies a running sandbox, as it is, into count (1..10) new running
    * sandboxes; the sandbox runs on. A backend that cannot fork rejects with
    * NotSupportedError.
@@ -417,6 +466,17 @@ export class Cubicle {
   async windows(id: string, opts: CallOptions = {}): Promise<Window[]> {
     const r = await this.action(id, { type: "windows" }, opts);
     return r.windows ?? [];
+  }
+
+  /** clipboardGet returns the text on the desktop's clipboard (what ctrl+c copied). */
+  async clipboardGet(id: string, opts: CallOptions = {}): Promise<string> {
+    const r = await this.action(id, { type: "clipboard_get" }, opts);
+    return typeof r.text === "string" ? r.text : "";
+  }
+
+  /** clipboardSet puts text (any Unicode, at most 64 KiB) on the desktop's clipboard, where it stays until an application copies something else. */
+  async clipboardSet(id: string, text: string, opts: CallOptions = {}): Promise<void> {
+    await this.action(id, { type: "clipboard_set", text }, opts);
   }
 
   // Shell.

@@ -134,7 +134,9 @@ export type Action =
   | { type: "cursor_position" }
   | { type: "screen_size" }
   | ({ type: "screenshot" } & ScreenshotOptions)
-  | { type: "windows" };
+  | { type: "windows" }
+  | { type: "clipboard_get" }
+  | { type: "clipboard_set"; text: string };
 
 /** The type of an action. */
 export type ActionType = Action["type"];
@@ -165,6 +167,8 @@ export interface ActionResult {
   format?: string;
   data?: string;
   windows?: Window[];
+  /** The clipboard's text (clipboard_get). */
+  text?: string;
   [field: string]: unknown;
 }
 
@@ -322,4 +326,76 @@ export interface Info {
 /** GET /healthz. */
 export interface Health {
   status: string;
+}
+
+/** One sample of a sandbox's resource figures, as the host measures them. */
+export interface MetricsSample {
+  /** RFC 3339. */
+  timestamp: string;
+  cpu: {
+    /** CPU time used since the box started. */
+    used_seconds: number;
+    /** Share of the sandbox's CPUs used since the previous sample, 0-100. */
+    percent: number;
+    /** CPUs' worth the sandbox may use. */
+    count: number;
+  };
+  /** Bytes; limit_bytes 0: none known. */
+  memory: { used_bytes: number; cache_bytes: number; limit_bytes: number };
+  /** The sandbox's own writable disk, in bytes; limit_bytes 0: unbounded. */
+  disk: { used_bytes: number; limit_bytes: number };
+  /** Absent for a sandbox without a network; rx is what the sandbox received. */
+  network?: { rx_bytes: number; tx_bytes: number; rx_packets: number; tx_packets: number };
+}
+
+/** GET /v1/sandboxes/{id}/metrics. */
+export interface Metrics {
+  sandbox_id: string;
+  backend: string;
+  state: SandboxState;
+  /** Seconds between samples. */
+  interval_seconds: number;
+  /** Seconds of history kept. */
+  window_seconds: number;
+  /** The newest sample; null until the first, one interval after the sandbox starts running. */
+  latest: MetricsSample | null;
+  /** The kept samples (after since), oldest first. */
+  samples: MetricsSample[];
+}
+
+/** Options of metrics. */
+export interface MetricsOptions {
+  /** Only samples taken after this time (a Date or an RFC 3339 string). */
+  since?: Date | string;
+}
+
+/** A log level, least severe first. */
+export type LogLevel = "debug" | "info" | "warn" | "error";
+
+/** One line a sandbox printed on its console (GET /v1/sandboxes/{id}/logs). */
+export interface LogEntry {
+  /**
+   * When it was printed (the agent's time) or read by the daemon: RFC 3339
+   * with nanoseconds, unique per sandbox and in printing order. Pass it as
+   * since to get only the lines after this one.
+   */
+  timestamp: string;
+  level: LogLevel;
+  /** agent (the sandbox agent's own log), console (anything else the sandbox printed) or cubicled (the daemon's notes). */
+  source: "agent" | "console" | "cubicled" | (string & {});
+  message: string;
+  /** The key=value pairs of an agent line. */
+  fields?: Record<string, string>;
+}
+
+/** Options of logs. */
+export interface LogsOptions {
+  /** Only lines after this time (a LogEntry's timestamp, an RFC 3339 string or a Date), oldest first; without it, the newest lines. */
+  since?: Date | string;
+  /** The most lines returned, 1..1000 (default 1000). */
+  limit?: number;
+  /** The least severe level returned. */
+  level?: LogLevel;
+  /** Only lines whose message contains this (case-sensitive). */
+  search?: string;
 }

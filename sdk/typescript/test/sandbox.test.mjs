@@ -172,6 +172,44 @@ function realDaemonSuite() {
       assert.equal(res.exit_code, 0);
     });
 
+    test("clipboard: set, then get, any Unicode", async () => {
+      for (const text of [`cubicle clipboard ✓ ${run}`, "Grüße 東京 😀"]) {
+        await cubicle.clipboardSet(sb.id, text);
+        assert.equal(await cubicle.clipboardGet(sb.id), text);
+      }
+    });
+
+    test("metrics: a sample comes one interval after the start", async () => {
+      const m = await cubicle.metrics(sb.id);
+      assert.equal(m.sandbox_id, sb.id);
+      assert.equal(m.state, "running");
+      assert.ok(m.interval_seconds > 0);
+      const latest = await eventually("a metrics sample", 30_000, async () => (await cubicle.metrics(sb.id)).latest);
+      assert.ok(latest.memory.used_bytes > 0, JSON.stringify(latest));
+      assert.ok(latest.cpu.count > 0 && latest.cpu.percent >= 0 && latest.cpu.percent <= 100, JSON.stringify(latest.cpu));
+      const later = new Date(Date.parse(latest.timestamp) + 3600_000);
+      assert.deepEqual((await cubicle.metrics(sb.id, { since: later })).samples, []);
+    });
+
+    test("logs: the agent's lines, and what a program prints", async () => {
+      const logs = await cubicle.logs(sb.id);
+      assert.ok(logs.some((e) => e.source === "agent" && e.message === "session: started" && e.fields?.program),
+        JSON.stringify(logs.slice(0, 20)));
+      // A root process may write on the agent's stdout: that is the console.
+      const marker = `cubicle-sdk-ts-log-${run}`;
+      const since = logs.at(-1)?.timestamp;
+      const res = await cubicle.exec(sb.id, { command: `echo ${marker} > /proc/1/fd/1` });
+      assert.equal(res.exit_code, 0, res.stderr);
+      const found = await eventually("the marker in the logs", 20_000, async () => {
+        const got = await cubicle.logs(sb.id, { since, search: marker });
+        return got.length > 0 && got;
+      });
+      assert.deepEqual(found.map((e) => [e.source, e.level, e.message]), [["console", "info", marker]]);
+      assert.deepEqual(await cubicle.logs(sb.id, { since: found[0].timestamp, search: marker }), []);
+      assert.equal((await cubicle.logs(sb.id, { limit: 1 })).length, 1);
+      await assert.rejects(cubicle.logs(sb.id, { level: "loud" }), InvalidArgumentError);
+    });
+
     test("files: write, read, list, delete", async () => {
       const blob = randomBytes(200_000);
       const info = await cubicle.writeFile(sb.id, "/tmp/sdk/dir/blob.bin", blob);

@@ -297,3 +297,38 @@ test("config: CUBICLE_URL and CUBICLE_API_KEY are the defaults", async (t) => {
   assert.equal(new Cubicle({ baseUrl: "http://h:1", apiKey: "x" }).baseUrl, "http://h:1");
   assert.throws(() => new Cubicle({ baseUrl: "not a url" }), TypeError);
 });
+
+test("stand-in: clipboard, metrics and logs send what the API takes", async (t) => {
+  const sample = {
+    timestamp: "2025-01-02T03:04:10Z", cpu: { used_seconds: 6.5, percent: 50, count: 2 },
+    memory: { used_bytes: 3, cache_bytes: 2, limit_bytes: 4 }, disk: { used_bytes: 5, limit_bytes: 0 },
+  };
+  const answers = [
+    { results: [{ type: "clipboard_get", text: "héllo" }] },
+    { results: [{ type: "clipboard_set" }] },
+    { sandbox_id: "abc", backend: "gvisor", state: "running", interval_seconds: 5, window_seconds: 600, latest: sample, samples: [sample] },
+    { logs: [{ timestamp: "2025-01-02T03:04:06.000000001Z", level: "warn", source: "agent", message: "session: exited", fields: { program: "x11vnc" } }] },
+    { logs: [] },
+  ];
+  const s = await standIn(t, (req, res, n) => {
+    if (n > answers.length) return apiError(res, 404, "not_found", "sandbox not found");
+    json(res, 200, answers[n - 1]);
+  });
+  const c = new Cubicle({ baseUrl: s.url, apiKey: "k", retry: { maxRetries: 0 } });
+  assert.equal(await c.clipboardGet("abc"), "héllo");
+  await c.clipboardSet("abc", "wörld");
+  assert.deepEqual(s.requests.slice(0, 2).map((r) => [r.url, JSON.parse(r.body.toString())]), [
+    ["/v1/sandboxes/abc/actions", { type: "clipboard_get" }],
+    ["/v1/sandboxes/abc/actions", { type: "clipboard_set", text: "wörld" }],
+  ]);
+  const m = await c.metrics("abc", { since: new Date(Date.UTC(2025, 0, 2, 3, 4, 5, 500)) });
+  assert.equal(s.requests[2].url, "/v1/sandboxes/abc/metrics?since=2025-01-02T03%3A04%3A05.500Z");
+  assert.equal(m.latest.cpu.percent, 50);
+  assert.equal(m.samples.length, 1);
+  const logs = await c.logs("abc", { limit: 5, level: "warn", search: "a b" });
+  assert.equal(s.requests[3].url, "/v1/sandboxes/abc/logs?limit=5&level=warn&search=a+b");
+  assert.deepEqual(logs.map((e) => [e.source, e.message, e.fields.program]), [["agent", "session: exited", "x11vnc"]]);
+  assert.deepEqual(await c.logs("abc", { since: logs[0].timestamp }), []);
+  assert.equal(s.requests[4].url, "/v1/sandboxes/abc/logs?since=2025-01-02T03%3A04%3A06.000000001Z");
+  await assert.rejects(c.logs("abc"), NotFoundError);
+});

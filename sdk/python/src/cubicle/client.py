@@ -7,6 +7,7 @@ import json
 import os
 import ssl
 import urllib.parse
+from datetime import datetime, timezone
 from typing import Any, Iterator, Mapping, Sequence
 
 from . import __version__ as _version
@@ -19,6 +20,8 @@ from .models import (
     FileEntry,
     FileInfo,
     Info,
+    LogEntry,
+    Metrics,
     Network,
     Resolution,
     Sandbox,
@@ -47,6 +50,21 @@ def _name_path(kind: str, name: str) -> str:
     if not name:
         raise ValueError(f"cubicle: empty {kind[:-1]} name")
     return f"/v1/{kind}/" + urllib.parse.quote(name, safe="")
+
+
+def _rfc3339(t: datetime | str) -> str:
+    """A time for a query: strings as they are (a raw_timestamp keeps its
+    nanoseconds), datetimes in UTC (naive ones are refused: their zone is
+    a guess)."""
+    if isinstance(t, str):
+        return t
+    if t.tzinfo is None:
+        raise ValueError("since must be a timezone-aware datetime")
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _str_of(v: Any) -> str:
+    return v if isinstance(v, str) else ""
 
 
 def _drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -325,6 +343,46 @@ class Client:
         body = {"timeout_seconds": timeout_seconds}
         return Sandbox.from_dict(self._json("POST", _sandbox_path(sandbox_id, "resume"), body))
 
+    def metrics(self, sandbox_id: str, *, since: datetime | str | None = None) -> Metrics:
+        """The sandbox's resource figures as the host measures them: the
+        latest sample and the history kept (after since, when given: a
+        timezone-aware datetime, or an RFC 3339 string). Reading them is not
+        activity for the idle timeout; ConflictError once the sandbox is
+        stopping or gone."""
+        q = {"since": _rfc3339(since)} if since is not None else None
+        return Metrics.from_dict(
+            self._json("GET", _sandbox_path(sandbox_id, "metrics"), query=q, retry=True)
+        )
+
+    def logs(
+        self,
+        sandbox_id: str,
+        *,
+        since: datetime | str | None = None,
+        limit: int | None = None,
+        level: str | None = None,
+        search: str | None = None,
+    ) -> list[LogEntry]:
+        """What the sandbox printed on its console, oldest first: the
+        agent's log of the session's programs, what they print and, in a
+        VM, the kernel. Without since, the newest limit lines (1..1000,
+        default 1000); with since (a LogEntry's raw_timestamp, an RFC 3339
+        string or an aware datetime), only those after it. level keeps
+        that level and worse (debug, info, warn, error); search keeps lines
+        containing it. Only the API key that created the sandbox reads its
+        logs (NotFoundError for any other); a stopped sandbox's are kept
+        while it is listed."""
+        q = _drop_none(
+            {
+                "since": _rfc3339(since) if since is not None else None,
+                "limit": limit,
+                "level": level,
+                "search": search,
+            }
+        )
+        out = self._json("GET", _sandbox_path(sandbox_id, "logs"), query=q or None, retry=True)
+        return [LogEntry.from_dict(e) for e in (out or {}).get("logs") or []]
+
     def fork(self, sandbox_id: str, count: int = 1) -> list[Sandbox]:
         """Copies a running sandbox, as it is, into count (1..10) new
         running sandboxes; all of them or none. NotSupportedError on a
@@ -489,6 +547,16 @@ class Client:
         """The desktop's top-level windows: id, title, class, x, y, width,
         height, focused."""
         return list(self._action(sandbox_id, {"type": "windows"}).get("windows") or [])
+
+    def clipboard_get(self, sandbox_id: str) -> str:
+        """The text on the desktop's clipboard (what ctrl+c copied)."""
+        return _str_of(self._action(sandbox_id, {"type": "clipboard_get"}).get("text"))
+
+    def clipboard_set(self, sandbox_id: str, text: str) -> None:
+        """Puts text (any Unicode, at most 64 KiB) on the desktop's
+        clipboard, where it stays until an application copies something
+        else."""
+        self._action(sandbox_id, {"type": "clipboard_set", "text": text})
 
     def view(self, sandbox_id: str, *, ttl_seconds: int | None = None, view_only: bool = True) -> View:
         """Mints a live-view URL (a noVNC page needing no API key until it

@@ -28,6 +28,9 @@ __all__ = [
     "Backend",
     "Capacity",
     "Info",
+    "Metrics",
+    "MetricsSample",
+    "LogEntry",
     "Network",
     "SandboxState",
 ]
@@ -412,4 +415,119 @@ class Info:
             default_backend=_str(d.get("default_backend")),
             capacity=Capacity.from_dict(d.get("capacity")),
             raw=dict(d),
+        )
+
+
+def _float(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One sample of a sandbox's resource figures, as the host measures
+    them. ``network`` is None for a sandbox without a network; the others
+    are the API's nested objects (see the OpenAPI document)."""
+
+    timestamp: datetime | None
+    #: Share of the sandbox's CPUs used since the previous sample, 0-100.
+    cpu_percent: float
+    #: CPUs' worth the sandbox may use.
+    cpu_count: float
+    #: CPU time used since the box started.
+    cpu_used_seconds: float
+    memory_used_bytes: int
+    memory_cache_bytes: int
+    #: 0 when no limit is known.
+    memory_limit_bytes: int
+    disk_used_bytes: int
+    #: 0 when unbounded.
+    disk_limit_bytes: int
+    network: dict[str, int] | None = None
+
+    @property
+    def cores_used(self) -> float:
+        """CPU cores' worth used over the sample's interval."""
+        return self.cpu_percent * self.cpu_count / 100
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MetricsSample:
+        cpu = d.get("cpu") or {}
+        mem = d.get("memory") or {}
+        disk = d.get("disk") or {}
+        net = d.get("network")
+        return cls(
+            timestamp=_time(d.get("timestamp")),
+            cpu_percent=_float(cpu.get("percent")),
+            cpu_count=_float(cpu.get("count")),
+            cpu_used_seconds=_float(cpu.get("used_seconds")),
+            memory_used_bytes=_int(mem.get("used_bytes")),
+            memory_cache_bytes=_int(mem.get("cache_bytes")),
+            memory_limit_bytes=_int(mem.get("limit_bytes")),
+            disk_used_bytes=_int(disk.get("used_bytes")),
+            disk_limit_bytes=_int(disk.get("limit_bytes")),
+            network={k: _int(v) for k, v in net.items()} if isinstance(net, Mapping) else None,
+        )
+
+
+@dataclass
+class Metrics:
+    """A sandbox's resource figures (GET /v1/sandboxes/{id}/metrics): the
+    latest sample (None until the first, one interval after it starts
+    running) and the history the daemon keeps, oldest first."""
+
+    sandbox_id: str
+    backend: str
+    state: str
+    interval_seconds: float
+    window_seconds: float
+    latest: MetricsSample | None
+    samples: list[MetricsSample]
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Metrics:
+        latest = d.get("latest")
+        return cls(
+            sandbox_id=_str(d.get("sandbox_id")),
+            backend=_str(d.get("backend")),
+            state=_str(d.get("state")),
+            interval_seconds=_float(d.get("interval_seconds")),
+            window_seconds=_float(d.get("window_seconds")),
+            latest=MetricsSample.from_dict(latest) if isinstance(latest, Mapping) else None,
+            samples=[MetricsSample.from_dict(s) for s in d.get("samples") or []],
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One line a sandbox printed on its console
+    (GET /v1/sandboxes/{id}/logs)."""
+
+    #: When it was printed (the agent's time) or read by the daemon;
+    #: unique per sandbox and in printing order, to the nanosecond (kept
+    #: in ``raw_timestamp``: a datetime holds microseconds only).
+    timestamp: datetime | None
+    #: debug, info, warn or error.
+    level: str
+    #: agent (the sandbox agent's own log), console (anything else the
+    #: sandbox printed) or cubicled (the daemon's notes).
+    source: str
+    message: str
+    #: The key=value pairs of an agent line.
+    fields: dict[str, str] = field(default_factory=dict)
+    #: The timestamp as the daemon wrote it: pass it as ``since`` to
+    #: get only the lines after this one.
+    raw_timestamp: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LogEntry:
+        ts = _str(d.get("timestamp"))
+        return cls(
+            timestamp=_time(ts),
+            level=_str(d.get("level")),
+            source=_str(d.get("source")),
+            message=_str(d.get("message")),
+            fields={str(k): _str(v) for k, v in (d.get("fields") or {}).items()},
+            raw_timestamp=ts,
         )

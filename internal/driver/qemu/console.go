@@ -1,0 +1,29 @@
+package qemu
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/cubicle-dev/cubicle/internal/driver"
+)
+
+var _ driver.Console = (*box)(nil)
+
+// OpenConsole opens console.log, the guest's serial console (kernel
+// messages and what the agent, the guest's init, prints). QEMU truncates
+// it each time it starts the VM, so a resumed or forked VM's begins anew.
+func (b *box) OpenConsole() (*os.File, error) {
+	f, err := os.Open(filepath.Join(b.data.Dir, "console.log"))
+	if err != nil {
+		// The path is the daemon's business, not the error's reader's.
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return nil, fmt.Errorf("vm %s: open console log: %w", b.data.ID, err)
+	}
+	return f, nil
+}
