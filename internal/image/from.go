@@ -49,10 +49,13 @@ func (b *builder) vmFromParent(ctx context.Context) error {
 
 // Where a recipe's Chromium section lands. "zz-" sorts after the base
 // image's cubicle.json, and Chromium lets the policy file that sorts last
-// win a conflict; cubicle-browser reads the flag files in order too.
+// win a conflict. cubicle-browser reads the flag files in name order and
+// Chromium takes a switch's last value; the agent's DevTools file
+// (zz-cubicle-devtools) sorts after "recipe", so the port cubicled dials
+// stays the one Chromium serves.
 const (
 	recipePolicyFile = "etc/chromium/policies/managed/zz-recipe.json"
-	recipeFlagFile   = "etc/cubicle/chromium-flags.d/zz-recipe"
+	recipeFlagFile   = "etc/cubicle/chromium-flags.d/recipe"
 )
 
 // addChromium writes the recipe's Chromium policies and flags, merged with

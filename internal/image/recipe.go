@@ -77,7 +77,8 @@ type ChromiumRecipe struct {
 	// image's cubicle.json.
 	Policies map[string]json.RawMessage `json:"policies,omitempty"`
 	// Flags are extra Chromium switches, one per element, appended to
-	// /etc/cubicle/chromium-flags.d/zz-recipe (read by cubicle-browser).
+	// /etc/cubicle/chromium-flags.d/recipe (read by cubicle-browser; the
+	// agent's DevTools flag file sorts after it and wins).
 	Flags []string `json:"flags,omitempty"`
 	// Extensions are unpacked extensions in the image (absolute paths of
 	// directories holding manifest.json, usually shipped under files/),

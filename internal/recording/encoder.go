@@ -101,7 +101,7 @@ func Start(o Options) (*Encoder, error) {
 	if bin == "" {
 		bin = "ffmpeg"
 	}
-	cmd := exec.Command(bin, o.args()...)
+	cmd := exec.Command(bin, o.args()...) //depcheck:runs ffmpeg
 	// If the daemon dies without stopping the recording, ffmpeg gets
 	// SIGTERM, on which it ends the file properly: no orphan runs on,
 	// and the file up to then plays.
