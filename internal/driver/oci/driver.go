@@ -23,6 +23,11 @@
 // milliseconds without copying the ~1.5 GB image, and no box can change the
 // image or another box. The upper layer must not itself be on overlayfs.
 //
+// gVisor boxes carry a one-rule OCI seccomp filter, loaded by runsc
+// --oci-seccomp, that lets GLib spawn under runsc 20221219 (whose
+// close_range rejects GLib's "close everything" with EINVAL); it only ever
+// makes calls fail (see gvisorSeccomp).
+//
 // Runtimes run detached in their own session, so a daemon restart does not
 // kill boxes; Adopt re-attaches from the State blob.
 package oci
@@ -390,12 +395,14 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 		// connect to. --network=sandbox: gVisor's own network stack
 		// takes over the interfaces, addresses and routes of the network
 		// namespace the box joins (prepared by netpool); without one,
-		// --network=none: loopback only.
+		// --network=none: loopback only. --oci-seccomp loads the spec's
+		// seccomp filter (gvisorSeccomp: close_range for GLib) into the
+		// Sentry; runsc ignores the spec's filter without it.
 		netMode := "--network=none"
 		if network {
 			netMode = "--network=sandbox"
 		}
-		global = append(global, "--host-uds=create", netMode)
+		global = append(global, "--host-uds=create", "--oci-seccomp", netMode)
 	}
 	global = append(global, d.cfg.RuntimeArgs...)
 	argv := append(global, args...)
