@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -90,7 +91,16 @@ to the daemon; build, import and rm need root.`,
 			// A recipe that extends a built-in image brings that image
 			// up to date first (a no-op when it is cached), so
 			// "image build desktop" is one command on a fresh machine.
+			installed, err := a.images.List(imageDir)
+			if err != nil {
+				return err
+			}
 			for _, p := range builtinParents(recipe, name) {
+				// An operator's own image under a built-in name
+				// (imported) is theirs: extend it as it is.
+				if i := slices.IndexFunc(installed, func(img image.Image) bool { return img.Name == p }); i >= 0 && installed[i].Source != "recipe" {
+					continue
+				}
 				pr, _ := images.Recipe(p)
 				if _, err := a.images.Build(cmd.Context(), p, pr, imageDir, cacheDir, a.errOut); err != nil {
 					return fmt.Errorf("build %s, which %s extends: %w", p, name, err)

@@ -58,8 +58,23 @@ func Build(ctx context.Context, name string, recipeFS fs.FS, imageDir, cacheDir 
 		if r.From == name {
 			return Image{}, fmt.Errorf("build image %s: a recipe cannot extend the image it builds", name)
 		}
+		// Hold the parent's version until the child is built: a build
+		// of the parent (which takes its lock) would otherwise delete
+		// the version cp is reading once nothing mounts it.
+		unlockParent, err := lockNameShared(ctx, imageDir, r.From)
+		if err != nil {
+			return Image{}, fmt.Errorf("build image %s: %w", name, err)
+		}
+		defer unlockParent()
 		if parent, err = Lookup(imageDir, r.From); err != nil {
 			return Image{}, fmt.Errorf("build image %s: its recipe extends %s: %w (build or import %s first)", name, r.From, err, r.From)
+		}
+		// Installing packages or adding users runs the parent's own
+		// programs (its /bin/sh, apt, dpkg hooks) as root in a chroot on
+		// the host. That is ours to trust only for images built from a
+		// recipe; an imported tarball may be anyone's.
+		if parent.Source != "recipe" && (len(r.Packages) > 0 || len(r.Users) > 0) {
+			return Image{}, fmt.Errorf("build image %s: %s was imported, not built from a recipe: a recipe extending it may add files but not packages or users (that would run the imported image's programs as root on this host)", name, r.From)
 		}
 		// A new version of the parent makes a new child: its identity
 		// (version directory, and the recipe it was built from) is part
@@ -127,7 +142,7 @@ func Build(ctx context.Context, name string, recipeFS fs.FS, imageDir, cacheDir 
 			steps = append(steps, step{fmt.Sprintf("install %d packages", len(r.Packages)), b.installPackages})
 		}
 		steps = append(steps, step{"add files", b.addFiles})
-		if _, err := kernelImage(imageDir, r.From); err == nil {
+		if _, err := os.Stat(filepath.Join(parent.Dir, kernelDir, "vmlinuz")); err == nil {
 			steps = append(steps, step{"vm disk (kernel of " + r.From + ")", b.vmFromParent})
 		}
 	} else if r.VM != nil {
@@ -218,7 +233,7 @@ func (b *builder) installPackages(ctx context.Context) error {
 		fmt.Fprintf(&src, "deb %s %s-security %s\n", b.r.Security, b.r.Suite, comps)
 	}
 	var kernel string
-	if b.r.VM != nil {
+	if b.r.VM != nil && b.parent == nil {
 		kernel = fmt.Sprintf(kernelScript, b.r.VM.Kernel)
 	}
 	var users strings.Builder

@@ -1,12 +1,17 @@
 package image
 
 import (
+	"archive/tar"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/fstest"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 func TestLoadRecipeFrom(t *testing.T) {
@@ -110,5 +115,80 @@ func TestImageUsers(t *testing.T) {
 	}
 	if _, ok := uids["broken"]; ok {
 		t.Errorf("a line with a bad uid was taken: %v", uids)
+	}
+}
+
+// TestBuildFrom builds a child of an imported image for real (no packages,
+// so no chroot: cp, then files): the child has the parent's files, minus
+// what it removes, plus its own and its Chromium section; the parent is
+// untouched; a rebuild is cached until the parent changes. Packages on
+// top of an imported parent are refused before anything runs.
+func TestBuildFrom(t *testing.T) {
+	needs.Root(t)
+	needs.Command(t, "cp")
+	dir := t.TempDir()
+	tarball := makeTar(t, []entry{
+		{name: "./", typ: tar.TypeDir, mode: 0o755},
+		{name: "etc/", typ: tar.TypeDir, mode: 0o755},
+		{name: "etc/passwd", typ: tar.TypeReg, body: "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n", mode: 0o644},
+		{name: "opt/stand-in/", typ: tar.TypeDir, mode: 0o755},
+		{name: "opt/stand-in/x", typ: tar.TypeReg, body: "old", mode: 0o755},
+		{name: "usr/keep", typ: tar.TypeReg, body: "keep", mode: 0o644},
+	})
+	if _, err := Import(context.Background(), "base", tarball, dir, ImportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	recipe := fstest.MapFS{
+		"recipe.json": {Data: []byte(`{"from":"base","remove":["/opt/stand-in"],
+			"dirs":[{"path":"/home/user/work","owner":"user"}],
+			"modes":{"/usr/local/bin/tool":"0755"},
+			"chromium":{"policies":{"BookmarkBarEnabled":true},"extensions":["/opt/ext"]}}`)},
+		"files/usr/local/bin/tool": {Data: []byte("#!/bin/sh\n")},
+	}
+	img, err := Build(context.Background(), "child", recipe, dir, t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, _ := Lookup(dir, "base")
+	if img.From != filepath.Base(parent.Dir) {
+		t.Errorf("From = %q, want %q", img.From, filepath.Base(parent.Dir))
+	}
+	for p, want := range map[string]string{"usr/keep": "keep", "usr/local/bin/tool": "#!/bin/sh\n"} {
+		if b, err := os.ReadFile(filepath.Join(img.RootFS, p)); err != nil || string(b) != want {
+			t.Errorf("/%s = %q, %v; want %q", p, b, err, want)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(img.RootFS, "opt/stand-in")); err == nil {
+		t.Errorf("/opt/stand-in was not removed")
+	}
+	if _, err := os.Stat(filepath.Join(parent.RootFS, "opt/stand-in/x")); err != nil {
+		t.Errorf("the parent lost /opt/stand-in/x: %v", err)
+	}
+	fi, err := os.Stat(filepath.Join(img.RootFS, "home/user/work"))
+	if err != nil || fi.Sys().(*syscall.Stat_t).Uid != 1000 {
+		t.Errorf("/home/user/work: %v %v; want it owned by the parent's user (1000)", fi, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(img.RootFS, recipeFlagFile)); !strings.Contains(string(b), "--load-extension=/opt/ext\n") {
+		t.Errorf("flags = %q", b)
+	}
+	again, err := Build(context.Background(), "child", recipe, dir, t.TempDir(), nil)
+	if err != nil || !again.Cached {
+		t.Errorf("a second build: cached=%v, %v; want cached", again.Cached, err)
+	}
+	// A new version of the parent builds a new child.
+	if _, err := Import(context.Background(), "base", makeTar(t, []entry{{name: "./", typ: tar.TypeDir, mode: 0o755},
+		{name: "etc/", typ: tar.TypeDir, mode: 0o755},
+		{name: "etc/passwd", typ: tar.TypeReg, body: "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n", mode: 0o644}}), dir, ImportOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if third, err := Build(context.Background(), "child", recipe, dir, t.TempDir(), nil); err != nil || third.Cached {
+		t.Errorf("after the parent changed: cached=%v, %v; want a new build", third.Cached, err)
+	}
+	withPkgs := fstest.MapFS{"recipe.json": {Data: []byte(`{"from":"base","packages":["jq"]}`)}}
+	if _, err := Build(context.Background(), "pkgs", withPkgs, dir, t.TempDir(), nil); err == nil || !strings.Contains(err.Error(), "was imported") {
+		t.Errorf("packages on an imported parent: %v; want refused", err)
+	}
+	if _, err := Lookup(dir, "pkgs"); err == nil {
+		t.Errorf("a refused build left an image")
 	}
 }

@@ -20,6 +20,7 @@
 package image
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -256,6 +257,34 @@ func lockName(imageDir, name string) (func(), error) {
 		return nil, fmt.Errorf("lock image %s: %w", name, err)
 	}
 	return func() { f.Close() }, nil
+}
+
+// lockNameShared takes name's lock shared, so that name is not rebuilt or
+// collected meanwhile while other readers may hold it too. It gives up
+// after 10 minutes (or when ctx ends) rather than wait forever: two
+// recipes that extend each other would otherwise deadlock their builds.
+func lockNameShared(ctx context.Context, imageDir, name string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(imageDir, ".lock-"+name), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("lock image %s: %w (is it being built?)", name, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // newVersion creates the store directory for a new version of name. The

@@ -108,6 +108,7 @@ func TestLoadRecipeRejects(t *testing.T) {
 		"flag newline":        `{"from":"desktop","chromium":{"flags":["--a\n--b"]}}`,
 		"extension comma":     `{"from":"desktop","chromium":{"extensions":["/a,/b"]}}`,
 		"extension rel":       `{"from":"desktop","chromium":{"extensions":["ext"]}}`,
+		"vm kernel w/ from":   `{"from":"desktop","vm":{"kernel":"linux-image-amd64"}}`,
 		"bad owner w/ from":   `{"from":"desktop","dirs":[{"path":"/x","owner":"B@d"}]}`,
 	} {
 		fsys := fstest.MapFS{"recipe.json": {Data: []byte(js)}}

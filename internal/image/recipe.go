@@ -190,7 +190,10 @@ func (r *Recipe) validate() error {
 			return fmt.Errorf("bad package name %q", p)
 		}
 	}
-	if r.VM != nil && (!wordRE.MatchString(r.VM.Kernel) || r.VM.FreeMB < 0 || r.VM.FreeMB > 1<<20) {
+	if r.VM != nil && r.From != "" && r.VM.Kernel != "" {
+		return fmt.Errorf("vm.kernel comes from the image %s; a recipe with \"from\" may set only vm.free_mb", r.From)
+	}
+	if r.VM != nil && ((r.From == "" && !wordRE.MatchString(r.VM.Kernel)) || r.VM.FreeMB < 0 || r.VM.FreeMB > 1<<20) {
 		return fmt.Errorf("bad vm section %+v", *r.VM)
 	}
 	users := map[string]bool{"root": true}
