@@ -411,8 +411,8 @@ func TestImageCommands(t *testing.T) {
 		wantCode int
 	}{
 		// desktop extends desktop-lite, which is brought up to date first.
-		{[]string{"image", "build", "desktop"}, "", "build desktop-lite /srv/images /var/cache/cubicle; build desktop /srv/images /var/cache/cubicle", "desktop built", 0},
-		{[]string{"image", "build", "desktop-lite"}, "", "build desktop-lite /srv/images /var/cache/cubicle", "desktop-lite built", 0},
+		{[]string{"image", "build", "desktop"}, "", "list /srv/images; build desktop-lite /srv/images /var/cache/cubicle; build desktop /srv/images /var/cache/cubicle", "desktop built", 0},
+		{[]string{"image", "build", "desktop-lite"}, "", "list /srv/images; build desktop-lite /srv/images /var/cache/cubicle", "desktop-lite built", 0},
 		{[]string{"image", "build", "nosuch"}, "", "", "", 2},
 		{[]string{"image", "import", "mine", "-", "--image-dir", "/x"}, "tarball", "import mine tarball", "mine imported (7 B)", 0},
 		// README's line: docker export $(docker create my-image) | cubicle image import my-image
