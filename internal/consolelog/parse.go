@@ -4,6 +4,12 @@
 // fields, stamps the others with when they were read, and keeps the
 // newest in a bounded ring that answers queries by time, level and text.
 // It knows nothing of drivers or files; internal/sandbox feeds it.
+//
+// Nothing here authenticates a line: the console is one stream that every
+// program in the sandbox may write, so any of them can print a line in
+// the agent's format and have it taken as the agent's, with whatever
+// level, time and fields it likes. Source and Level tell how a line
+// looks, not who printed it; the sandbox is no more trusted for them.
 package consolelog
 
 import (
@@ -52,8 +58,10 @@ func ParseLevel(s string) (Level, error) {
 
 // Sources of entries.
 const (
-	// SourceAgent is a structured line of the sandbox's agent (its init):
-	// session programs starting and exiting, the display coming up.
+	// SourceAgent is a structured line, as the sandbox's agent (its init)
+	// prints them: session programs starting and exiting, the display
+	// coming up. It is a claim of the line, not a proof: any program in
+	// the sandbox can print such a line (see the package comment).
 	SourceAgent = "agent"
 	// SourceConsole is any other line: what the session's programs print,
 	// a VM's kernel, the container runtime.
@@ -99,14 +107,53 @@ type parsed struct {
 // pairs, which is how the agent logs — gives its own time, level and
 // fields; any other line is an info line of the console, for the caller
 // to stamp. The message is valid UTF-8 without control characters other
-// than tabs, at most MaxLineBytes long.
-func parseLine(line []byte) parsed {
-	s := clean(string(line))
-	if p, ok := parseSlog(s); ok {
-		p.Message = limit(p.Message)
-		return p
+// than tabs, at most MaxLineBytes long. With cut, line is only the start
+// of what was printed: it is taken as plain text and marked cut, as its
+// last field or message would otherwise end short without a mark.
+//
+// The strings of the entry are its own, not substrings of line: the ring
+// counts an entry's message and fields against its bound, so they must
+// be all the entry keeps alive.
+func parseLine(line []byte, cut bool) parsed {
+	if cut {
+		line = trimPartialRune(line)
 	}
-	return parsed{Entry: Entry{Level: LevelInfo, Source: SourceConsole, Message: limit(s)}}
+	s := clean(string(line))
+	if !cut {
+		if p, ok := parseSlog(s); ok {
+			p.Message = strings.Clone(limit(p.Message))
+			if len(p.Fields) == 0 {
+				// Every field was dropped (keys too long).
+				p.Fields = nil
+			} else {
+				fields := make(map[string]string, len(p.Fields))
+				for k, v := range p.Fields {
+					fields[strings.Clone(k)] = strings.Clone(v)
+				}
+				p.Fields = fields
+			}
+			return p
+		}
+	}
+	msg := limit(s)
+	if cut {
+		msg = mark(s)
+	}
+	return parsed{Entry: Entry{Level: LevelInfo, Source: SourceConsole, Message: strings.Clone(msg)}}
+}
+
+// trimPartialRune drops the start of a rune that a cut left at the end
+// of b, which would otherwise show as U+FFFD.
+func trimPartialRune(b []byte) []byte {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return b[:i]
+			}
+			break
+		}
+	}
+	return b
 }
 
 // clean makes a line printable: valid UTF-8, no carriage returns or other
@@ -134,7 +181,16 @@ func limit(s string) string {
 	if len(s) <= MaxLineBytes {
 		return s
 	}
+	return mark(s)
+}
+
+// mark marks s as cut, cutting it further, on a rune boundary, if the
+// mark would not fit in MaxLineBytes.
+func mark(s string) string {
 	n := MaxLineBytes - len(truncMark)
+	if len(s) <= n {
+		return s + truncMark
+	}
 	for n > 0 && !utf8.RuneStart(s[n]) {
 		n--
 	}
@@ -163,7 +219,14 @@ func parseSlog(s string) (parsed, bool) {
 			if err != nil {
 				return parsed{}, false
 			}
-			p.Time, p.hasTime = t, true
+			// The zero time, or one before it (year 0, or a negative
+			// offset from it), is no clock's reading: a zero time would
+			// also pass for "no entry yet" in the ring's ordering, and
+			// one before year 0 makes the API's JSON fail. Such a line
+			// is stamped when read, like a plain one.
+			if t.After(time.Time{}) {
+				p.Time, p.hasTime = t, true
+			}
 		case i == 1 && key == "level":
 			p.Level = slogLevel(val)
 		case i == 2 && key == "msg":
@@ -179,7 +242,7 @@ func parseSlog(s string) (parsed, bool) {
 			}
 		}
 	}
-	if !p.hasTime || p.Message == "" && !strings.Contains(s, " msg=") {
+	if p.Message == "" && !strings.Contains(s, " msg=") {
 		return parsed{}, false
 	}
 	return p, true

@@ -28,6 +28,14 @@ func TestParseLine(t *testing.T) {
 			Entry{Time: at, Level: LevelError, Source: SourceAgent, Message: "a \"b\"\tc"}, true},
 		{"slog debug", `time=2026-12-03T21:57:11.123Z level=DEBUG msg=x`,
 			Entry{Time: at, Level: LevelDebug, Source: SourceAgent, Message: "x"}, true},
+		// No clock reads the zero time or earlier: the line is the
+		// agent's, stamped when read.
+		{"slog zero time", `time=0001-01-01T00:00:00Z level=WARN msg=x`,
+			Entry{Level: LevelWarn, Source: SourceAgent, Message: "x"}, false},
+		{"slog time before zero", `time=0000-01-01T00:00:00+01:00 level=INFO msg=x`,
+			Entry{Level: LevelInfo, Source: SourceAgent, Message: "x"}, false},
+		{"slog all fields dropped", `time=2026-12-03T21:57:11.123Z level=INFO msg=x ` + strings.Repeat("k", maxKeyBytes+1) + `=v`,
+			Entry{Time: at, Level: LevelInfo, Source: SourceAgent, Message: "x"}, true},
 		{"bad time is plain", `time=yesterday level=INFO msg=x`,
 			Entry{Level: LevelInfo, Source: SourceConsole, Message: "time=yesterday level=INFO msg=x"}, false},
 		{"unterminated quote is plain", `time=2026-12-03T21:57:11.123Z level=INFO msg="x`,
@@ -40,7 +48,7 @@ func TestParseLine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := parseLine([]byte(tt.line))
+			p := parseLine([]byte(tt.line), false)
 			if diff := cmp.Diff(tt.want, p.Entry); diff != "" {
 				t.Errorf("parseLine(%q) (-want +got):\n%s", tt.line, diff)
 			}
@@ -53,7 +61,7 @@ func TestParseLine(t *testing.T) {
 
 func TestParseLineLimits(t *testing.T) {
 	long := strings.Repeat("é", MaxLineBytes) // 2 bytes each: the cut must fall between runes
-	p := parseLine([]byte(long))
+	p := parseLine([]byte(long), false)
 	if len(p.Message) > MaxLineBytes || !strings.HasSuffix(p.Message, truncMark) {
 		t.Errorf("long line: %d bytes, suffix %q; want at most %d ending %q", len(p.Message), p.Message[len(p.Message)-20:], MaxLineBytes, truncMark)
 	}
@@ -65,7 +73,7 @@ func TestParseLineLimits(t *testing.T) {
 	for i := range 100 {
 		b.WriteString(" k" + strings.Repeat("x", i) + "=v")
 	}
-	p = parseLine([]byte(b.String()))
+	p = parseLine([]byte(b.String()), false)
 	if len(p.Fields) != maxFields {
 		t.Errorf("fields kept = %d, want %d", len(p.Fields), maxFields)
 	}

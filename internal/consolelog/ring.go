@@ -32,12 +32,13 @@ type Ring struct {
 	// dropping is set while the rest of an over-long line is skipped.
 	dropping bool
 	hide     *strings.Replacer // nil: nothing to hide
+	hidden   []string          // what hide replaces
 }
 
 // Options configure a Ring; zero values get the defaults.
 type Options struct {
 	// MaxEntries and MaxBytes bound what the ring holds (entries, and
-	// bytes of messages and fields).
+	// bytes of messages and fields with what holding them costs).
 	MaxEntries, MaxBytes int
 	// Hide are strings replaced by "…" wherever a line has them: the
 	// daemon's own directories, which a runtime's complaint may name
@@ -58,6 +59,7 @@ func NewRing(o Options) *Ring {
 	for _, h := range o.Hide {
 		if h != "" {
 			pairs = append(pairs, h, "…")
+			r.hidden = append(r.hidden, h)
 		}
 	}
 	if len(pairs) > 0 {
@@ -85,24 +87,39 @@ func (r *Ring) Write(data []byte, now, rawAt time.Time) {
 			r.dropping = false
 			continue
 		}
+		// A line in one piece may be as long as a whole read (a MiB);
+		// only what an entry can show of it is parsed, so that nothing
+		// of the rest is kept or even copied.
 		if len(r.partial) > 0 {
-			line = append(r.partial, line...)
+			line = append(r.partial, capLine(line, len(r.partial))...)
 			r.partial = r.partial[:0]
+		} else {
+			line = capLine(line, 0)
 		}
 		r.addLine(line, now, rawAt)
 	}
 }
 
+// capLine returns what of line fits after have bytes of its start: one
+// byte more than MaxLineBytes at most, which tells addLine the line was
+// cut.
+func capLine(line []byte, have int) []byte {
+	if room := max(MaxLineBytes+1-have, 0); len(line) > room {
+		return line[:room]
+	}
+	return line
+}
+
 // hold keeps the start of an unfinished line; one that has grown past
-// MaxLineBytes is added cut, and the rest of it dropped.
+// MaxLineBytes is added cut, and the rest of it dropped. Only what may
+// be shown is kept: partial never grows past MaxLineBytes+1.
 func (r *Ring) hold(data []byte, now, rawAt time.Time) {
 	if r.dropping {
 		return
 	}
-	r.partial = append(r.partial, data...)
+	r.partial = append(r.partial, capLine(data, len(r.partial))...)
 	if len(r.partial) > MaxLineBytes {
-		// One byte more than fits tells addLine the line was cut.
-		r.addLine(r.partial[:MaxLineBytes+1], now, rawAt)
+		r.addLine(r.partial, now, rawAt)
 		r.partial = r.partial[:0]
 		r.dropping = true
 	}
@@ -130,21 +147,43 @@ func (r *Ring) Note(level Level, now time.Time, format string, args ...any) {
 	r.add(Entry{Time: now, Level: level, Source: SourceDaemon, Message: limit(fmt.Sprintf(format, args...))}, now)
 }
 
+// addLine adds one line, cut if it is longer than MaxLineBytes (the
+// callers pass one byte more of a longer line, no more).
 func (r *Ring) addLine(line []byte, now, rawAt time.Time) {
+	// Whether it was cut is decided before hiding, which shortens it.
+	cut := len(line) > MaxLineBytes
 	line = bytes.TrimSuffix(line, []byte("\r"))
 	if r.hide != nil {
 		line = []byte(r.hide.Replace(string(line)))
+		if cut {
+			line = r.trimHiddenStart(line)
+		}
 	}
 	if len(bytes.TrimSpace(line)) == 0 {
 		// Blank lines separate output on a terminal; in a log they
 		// are noise.
 		return
 	}
-	p := parseLine(line)
+	p := parseLine(line, cut)
 	if !p.hasTime {
 		p.Time = rawAt
 	}
 	r.add(p.Entry, now)
+}
+
+// trimHiddenStart drops the end of a cut line if it is the start of a
+// string to hide: the cut left it too short to be replaced, and what
+// hiding took out before it may have brought it within what is shown.
+func (r *Ring) trimHiddenStart(line []byte) []byte {
+	for _, h := range r.hidden {
+		for k := min(len(h)-1, len(line)); k > 0; k-- {
+			if bytes.HasSuffix(line, []byte(h[:k])) {
+				line = line[:len(line)-k]
+				break
+			}
+		}
+	}
+	return line
 }
 
 // add appends e. Its time is at most now (a guest clock ahead of the
@@ -155,7 +194,10 @@ func (r *Ring) add(e Entry, now time.Time) {
 	if e.Time.After(now) {
 		e.Time = now
 	}
-	if !e.Time.After(r.last) && !r.last.IsZero() {
+	// Whether there was an entry before is told by the entries, never
+	// empty once added to, not by a zero last: an entry's time may be
+	// zero (a caller's zero now) and the next must still come after it.
+	if len(r.entries) > 0 && !e.Time.After(r.last) {
 		e.Time = r.last.Add(time.Nanosecond)
 	}
 	r.last = e.Time
@@ -175,11 +217,32 @@ func (r *Ring) add(e Entry, now time.Time) {
 	r.bytes += size
 }
 
-// entrySize is what an entry counts against the ring's byte bound.
+// What an entry holds besides the bytes of its strings, counted against
+// the ring's byte bound so that it bounds the heap an entry keeps, not
+// just its text: a line of many tiny fields costs far more than its
+// bytes.
+const (
+	// entryOverhead is the Entry's 72 bytes in the ring's array and its
+	// message's allocation. The array's spare room, bounded by the
+	// entries bound, is not counted.
+	entryOverhead = 96
+	// mapOverhead is a Fields map's header and first group of slots.
+	mapOverhead = 320
+	// fieldOverhead is a field's slot in a map (less than full) and the
+	// allocations of its key and value.
+	fieldOverhead = 64
+)
+
+// entrySize is what an entry counts against the ring's byte bound. It
+// holds for the entry's strings only because they are its own (see
+// parseLine), not parts of a longer line.
 func entrySize(e Entry) int {
-	n := len(e.Message) + 32
+	n := len(e.Message) + entryOverhead
+	if e.Fields != nil {
+		n += mapOverhead
+	}
 	for k, v := range e.Fields {
-		n += len(k) + len(v)
+		n += len(k) + len(v) + fieldOverhead
 	}
 	return n
 }

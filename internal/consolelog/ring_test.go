@@ -2,6 +2,7 @@ package consolelog
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +62,37 @@ func TestRingTimes(t *testing.T) {
 	}
 }
 
+func TestRingTimesNoClock(t *testing.T) {
+	r := NewRing(Options{})
+	now := t0.Add(time.Minute)
+	// Times at or before the zero time are the time of reading, made
+	// unique; one before the entry before comes just after it.
+	r.Write([]byte(strings.Join([]string{
+		"time=0001-01-01T00:00:00Z level=INFO msg=zero",
+		"time=0001-01-01T00:00:00Z level=INFO msg=zero again",
+		"time=0000-01-01T00:00:00+01:00 level=INFO msg=before zero",
+		"time=0001-01-01T00:00:00.000000001Z level=INFO msg=year one",
+		"",
+	}, "\n")), now, t0)
+	want := []time.Time{t0, t0.Add(time.Nanosecond), t0.Add(2 * time.Nanosecond), t0.Add(3 * time.Nanosecond)}
+	got := r.Select(Query{})
+	if len(got) != len(want) {
+		t.Fatalf("got %d entries, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if !got[i].Time.Equal(want[i]) {
+			t.Errorf("entry %d (%q): time %v, want %v", i, got[i].Message, got[i].Time, want[i])
+		}
+	}
+	// A zero time from a caller does not pass for "no entry yet".
+	r = NewRing(Options{})
+	r.Note(LevelInfo, time.Time{}, "a")
+	r.Note(LevelInfo, time.Time{}, "b")
+	if got := r.Select(Query{}); len(got) != 2 || !got[1].Time.After(got[0].Time) {
+		t.Errorf("zero now: times %v, %v", got[0].Time, got[1].Time)
+	}
+}
+
 func TestRingBounds(t *testing.T) {
 	r := NewRing(Options{MaxEntries: 3})
 	for i := range 5 {
@@ -69,7 +101,7 @@ func TestRingBounds(t *testing.T) {
 	if got, want := messages(r.Select(Query{})), []string{"line 2", "line 3", "line 4"}; !cmp.Equal(got, want) {
 		t.Errorf("entries bound: %q, want %q", got, want)
 	}
-	r = NewRing(Options{MaxBytes: 3 * (10 + 32)})
+	r = NewRing(Options{MaxBytes: 3 * (10 + entryOverhead)})
 	for i := range 5 {
 		r.Write([]byte(strings.Repeat(fmt.Sprint(i), 10)+"\n"), t0, t0)
 	}
@@ -84,6 +116,28 @@ func TestRingBounds(t *testing.T) {
 	got := r.Select(Query{})
 	if len(got) != 2 || !strings.HasSuffix(got[0].Message, truncMark) || got[1].Message != "next" {
 		t.Errorf("long line: %d entries %q", len(got), messages(got))
+	}
+	// Only what may be shown of an unfinished line is held.
+	r.Write([]byte(strings.Repeat("y", 1<<20)), t0, t0)
+	if c := cap(r.partial); c > 2*MaxLineBytes {
+		t.Errorf("unfinished line of 1 MiB: %d bytes held", c)
+	}
+	// A string to hide that the cut splits shows no part of it, even
+	// where hiding before it made room.
+	r = NewRing(Options{Hide: []string{"/var/lib/cubicle"}})
+	pre := strings.Repeat("/var/lib/cubicle", 100)
+	r.Write([]byte(pre+strings.Repeat("x", MaxLineBytes+1-len(pre)-8)+"/var/lib/cubicle/x\n"), t0, t0)
+	if got := r.Select(Query{}); len(got) != 1 || strings.Contains(got[0].Message, "/var") {
+		t.Errorf("hidden string cut: %q", messages(got))
+	}
+	// A structured line in one piece, longer than fits, is cut too, and
+	// marked: it is shown as plain text, as its end is missing.
+	r = NewRing(Options{})
+	r.Write([]byte("time=2026-12-03T12:00:00Z level=ERROR msg=m k="+strings.Repeat("é", MaxLineBytes)+"\n"), t0, t0)
+	got = r.Select(Query{})
+	if len(got) != 1 || got[0].Source != SourceConsole || len(got[0].Message) > MaxLineBytes ||
+		!strings.HasSuffix(got[0].Message, truncMark) || strings.ContainsRune(got[0].Message, '\uFFFD') {
+		t.Errorf("long structured line: %d entries, source %q, %d bytes", len(got), got[0].Source, len(got[0].Message))
 	}
 }
 
@@ -133,6 +187,65 @@ func TestRingSelect(t *testing.T) {
 			if diff := cmp.Diff(tt.want, messages(r.Select(tt.q))); diff != "" {
 				t.Errorf("Select(%+v) (-want +got):\n%s", tt.q, diff)
 			}
+		})
+	}
+}
+
+// TestRingMemoryBound checks that what a ring keeps alive stays near its
+// byte bound whatever the lines look like: an entry must not hold on to
+// the whole line it was read from while counting only its message.
+func TestRingMemoryBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes hundreds of megabytes")
+	}
+	// Many short fields and a long one past maxFields: the ring counts
+	// little of each line, which must then be all it keeps.
+	slogLine := func(pad int) []byte {
+		var b strings.Builder
+		b.WriteString("time=2026-12-03T12:00:00Z level=INFO msg=m")
+		for i := range maxFields {
+			fmt.Fprintf(&b, " f%02d=v", i)
+		}
+		b.WriteString(" pad=" + strings.Repeat("x", pad) + "\n")
+		return []byte(b.String())
+	}
+	tests := []struct {
+		name  string
+		line  []byte
+		count int
+	}{
+		// Whole lines of 1 MiB, as one read of the console may give.
+		{"long lines", slogLine(1 << 20), 200},
+		// Lines that fit, whose fields are all substrings of them.
+		{"lines that fit", slogLine(MaxLineBytes - 400), 3 * DefaultMaxEntries},
+		// Lines that fit of which little is kept: a field whose key is
+		// too long is dropped, and the entry counts almost nothing.
+		{"lines that fit, little kept", []byte("time=2026-12-03T12:00:00Z level=INFO msg=m " +
+			strings.Repeat("k", maxKeyBytes+1) + "=" + strings.Repeat("v", MaxLineBytes-200) + "\n"), 3 * DefaultMaxEntries},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			r := NewRing(Options{})
+			for i := range tt.count {
+				at := t0.Add(time.Duration(i) * time.Millisecond)
+				r.Write(tt.line, at, at)
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			kept := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			t.Logf("%d entries, %d bytes counted, heap grew %.2f MiB", r.Len(), r.bytes, float64(kept)/(1<<20))
+			if r.bytes > DefaultMaxBytes {
+				t.Errorf("ring counts %d bytes, more than its bound %d", r.bytes, DefaultMaxBytes)
+			}
+			// The entries' array and the maps' slots are not all counted
+			// exactly; a few MiB over the bound is the most allowed.
+			if limit := int64(DefaultMaxBytes + 3<<20); kept > limit {
+				t.Errorf("ring keeps %.1f MiB of heap, want at most %.1f MiB", float64(kept)/(1<<20), float64(limit)/(1<<20))
+			}
+			runtime.KeepAlive(r)
 		})
 	}
 }

@@ -23,8 +23,8 @@ const maxConsoleRead = consolelog.DefaultMaxBytes
 
 // LogEntry is one line of a sandbox's log (GET /v1/sandboxes/{id}/logs).
 type LogEntry struct {
-	// Timestamp is when the line was printed: the agent's own time for
-	// its structured lines, else when cubicled read it (within
+	// Timestamp is when the line was printed: the time a structured line
+	// gives (no later than its reading), else when cubicled read it (within
 	// Config.UsageInterval of its printing). Times are unique and follow
 	// the order of printing.
 	Timestamp time.Time `json:"timestamp"`
@@ -33,7 +33,9 @@ type LogEntry struct {
 	// Source is "agent" (the sandbox's agent: session programs starting
 	// and exiting), "console" (what the programs and, in a VM, the
 	// kernel print) or "cubicled" (the daemon's notes, such as skipped
-	// output).
+	// output). "agent" and Level are read from the line itself, which
+	// any program in the sandbox can print: they say how a line looks,
+	// not that the agent wrote it (only "cubicled" is the daemon's own).
 	Source  string            `json:"source"`
 	Message string            `json:"message"`
 	Fields  map[string]string `json:"fields,omitempty"`
