@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"text/tabwriter"
 	"time"
 
@@ -100,11 +101,20 @@ sandbox stops; the file is kept after the sandbox is gone for the daemon's
 			c := a.client()
 			dst := output
 			if dst == "" {
+				// The name is made of what the user typed, checked, and
+				// a known format: not of what the server answers, which
+				// could name a path anywhere.
+				if !recordingIDPattern.MatchString(args[0]) {
+					return fmt.Errorf("%q is not a recording ID; give -o FILE to name the output", args[0])
+				}
 				r, err := c.GetRecording(cmd.Context(), args[0])
 				if err != nil {
 					return err
 				}
-				dst = r.ID + "." + r.Format
+				if r.Format != "webm" && r.Format != "mp4" {
+					return fmt.Errorf("recording %s has format %q, not webm or mp4; give -o FILE to name the output", args[0], r.Format)
+				}
+				dst = args[0] + "." + r.Format
 			}
 			body, err := c.DownloadRecording(cmd.Context(), args[0])
 			if err != nil {
@@ -150,6 +160,10 @@ sandbox stops; the file is kept after the sandbox is gone for the daemon's
 	cmd.AddCommand(start, stop, ls, get, download, rm)
 	return cmd
 }
+
+// recordingIDPattern is the form of recording IDs (the daemon's
+// sandbox.ValidRecordingID).
+var recordingIDPattern = regexp.MustCompile(`^[a-z2-7]{26}$`)
 
 func printRecordingTable(w io.Writer, rs []client.Recording) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

@@ -11,7 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
+	"image/png"
 	"os"
 	"os/exec"
 	"strconv"
@@ -45,31 +45,72 @@ type Options struct {
 	// FPS caps the frame rate; it sets the keyframe interval.
 	FPS int
 	// Width and Height are the output size, both even (4:2:0 chroma
-	// needs it); frames of another size are scaled to it.
+	// needs it); frames are scaled to it.
 	Width, Height int
+	// SrcWidth and SrcHeight are the size of every frame (the screen's),
+	// at most MaxSide each. The frames come from the sandbox: a PNG whose
+	// header says another size is refused before ffmpeg sees it, so the
+	// decoder and scaler (and their memory) are sized once, by the daemon.
+	SrcWidth, SrcHeight int
+	// MaxBytes caps the file (ffmpeg's -fs); 0 means no cap.
+	MaxBytes int64
 }
+
+// MaxSide is the largest frame side an encoder takes: a 4096×4096 RGBA
+// frame is 64 MiB decoded, which bounds what ffmpeg holds per frame.
+const MaxSide = 4096
+
+// The limits of the ffmpeg process. It decodes PNGs the sandbox made, so
+// it runs as nobody, without the daemon's rights, and with a cap on its
+// address space: a decoder bug or a bomb of a frame costs that process,
+// not the host.
+const (
+	ffmpegUID      = 65534 // nobody
+	ffmpegGID      = 65534 // nogroup
+	ffmpegMaxBytes = 2 << 30
+)
+
+// frameWriteBound bounds one frame's write to ffmpeg: an encoder that
+// takes no input for that long is stuck, and the recording fails rather
+// than hang its recorder (and a stop or delete waiting on it). A variable
+// for the tests.
+var frameWriteBound = 10 * time.Second
 
 // Encoder is one running ffmpeg. Frame and Finish are called from one
 // goroutine.
 type Encoder struct {
 	opts   Options
 	cmd    *exec.Cmd
-	in     io.WriteCloser
+	in     *os.File // the write end of ffmpeg's stdin, with deadlines
 	stderr *limitedBuffer
-	header bool // the stream header has been written
+	header bool  // the stream header has been written
+	bad    error // set once the stream is unusable: no frame follows
 	done   chan struct{}
 	err    error // ffmpeg's exit, set before done closes
 }
 
 // finishGrace bounds how long ffmpeg may take to encode what it was sent
-// and write the file's index after its input ends; it is then killed.
-const finishGrace = 30 * time.Second
+// and write the file's index after its input ends; it is then
+// interrupted, and killed if it does not end within interruptGrace.
+const (
+	finishGrace    = 30 * time.Second
+	interruptGrace = 5 * time.Second
+)
 
-// args is ffmpeg's command line for o.
-func (o Options) args() []string {
+// outputFD is the output file's descriptor in ffmpeg (its ExtraFiles[0]):
+// the daemon opens the file, so ffmpeg, running as nobody, needs no
+// access to the data directory.
+const outputFD = 3
+
+// args is ffmpeg's command line for o, writing to out.
+func (o Options) args(out string) []string {
 	a := []string{
 		"-hide_banner", "-loglevel", "error", "-nostdin",
-		"-f", "matroska", "-i", "pipe:0",
+		// One decoder thread and one filter thread: a recording costs
+		// about one core whatever the host has, and a sandbox cannot
+		// make it take every core.
+		"-filter_threads", "1",
+		"-threads", "1", "-f", "matroska", "-i", "pipe:0",
 		"-an",
 		// Every frame is kept at its own time: no frames are made up
 		// for a still screen, none dropped for a busy one (the daemon
@@ -81,38 +122,80 @@ func (o Options) args() []string {
 	}
 	switch o.Format {
 	case FormatMP4:
+		// Capped bitrate: a screen of noise cannot grow the file
+		// faster than 4 Mb/s. Fragmented: every keyframe ends a
+		// fragment the file can be played to, so a recording cut off
+		// (the daemon killed, ffmpeg stuck at the stop) keeps what it
+		// held, where +faststart would lose it all.
 		a = append(a, "-c:v", "libx264", "-preset", "veryfast", "-tune", "stillimage", "-crf", "23",
-			"-movflags", "+faststart", "-f", "mp4")
+			"-maxrate", "4M", "-bufsize", "8M",
+			"-movflags", "+frag_keyframe+empty_moov+default_base_moof", "-f", "mp4")
 	default:
 		// Realtime deadline, fastest speed, no lookahead: the encoder
 		// keeps up on one thread and holds no frames back.
 		a = append(a, "-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "8",
 			"-lag-in-frames", "0", "-auto-alt-ref", "0", "-crf", "10", "-b:v", "2M", "-f", "webm")
 	}
-	return append(a, "-y", o.Path)
+	if o.MaxBytes > 0 {
+		a = append(a, "-fs", strconv.FormatInt(o.MaxBytes, 10))
+	}
+	return append(a, "-y", out)
 }
 
 // Start starts ffmpeg for o. The caller must call Finish, which ends it.
+// The daemon creates the output file; ffmpeg writes it through a
+// descriptor it inherits, as nobody when the daemon is root.
 func Start(o Options) (*Encoder, error) {
 	if o.Width <= 0 || o.Height <= 0 || o.Width%2 != 0 || o.Height%2 != 0 {
 		return nil, fmt.Errorf("recording size %dx%d: want even, positive sides", o.Width, o.Height)
+	}
+	if o.SrcWidth <= 0 || o.SrcHeight <= 0 || o.SrcWidth > MaxSide || o.SrcHeight > MaxSide {
+		return nil, fmt.Errorf("screen size %dx%d: want sides of 1 to %d", o.SrcWidth, o.SrcHeight, MaxSide)
 	}
 	bin := o.FFmpeg
 	if bin == "" {
 		bin = "ffmpeg"
 	}
-	cmd := exec.Command(bin, o.args()...) //depcheck:runs ffmpeg
+	out, err := os.OpenFile(o.Path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create recording file: %w", err)
+	}
+	defer out.Close() // ffmpeg has its own copy once started
+	// The address-space cap is set by a shell that then becomes ffmpeg:
+	// prlimit(2) on the started child would need CAP_SYS_RESOURCE, which
+	// a daemon in a container often lacks, and rlimits are process-wide,
+	// so the daemon cannot set one on itself for the fork.
+	limit := fmt.Sprintf(`ulimit -v %d && exec "$0" "$@"`, ffmpegMaxBytes>>10)
+	cmd := exec.Command("/bin/sh", append([]string{"-c", limit, bin}, o.args(fmt.Sprintf("/proc/self/fd/%d", outputFD))...)...) //depcheck:runs ffmpeg
+	cmd.ExtraFiles = []*os.File{out}
 	// If the daemon dies without stopping the recording, ffmpeg gets
 	// SIGTERM, on which it ends the file properly: no orphan runs on,
 	// and the file up to then plays.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	in, err := cmd.StdinPipe()
+	if os.Geteuid() == 0 {
+		// ffmpeg reopens its output through /proc/self/fd, which checks
+		// the file's own permissions: nobody must own it.
+		if err := out.Chown(ffmpegUID, ffmpegGID); err != nil {
+			return nil, fmt.Errorf("hand the recording file to nobody: %w", err)
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: ffmpegUID, Gid: ffmpegGID}
+	}
+	// An os.Pipe rather than cmd.StdinPipe: its write end takes
+	// deadlines (frameWriteBound).
+	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("ffmpeg stdin: %w", err)
 	}
-	e := &Encoder{opts: o, cmd: cmd, in: in, stderr: &limitedBuffer{max: 4096}, done: make(chan struct{})}
+	cmd.Stdin = r
+	e := &Encoder{opts: o, cmd: cmd, in: w, stderr: &limitedBuffer{max: 4096}, done: make(chan struct{})}
 	cmd.Stderr = e.stderr
-	if err := cmd.Start(); err != nil {
+	// Once ffmpeg has exited, a child of it still holding stderr must not
+	// hold up Wait (and so Finish).
+	cmd.WaitDelay = time.Second
+	err = cmd.Start()
+	r.Close()
+	if err != nil {
+		w.Close()
 		return nil, fmt.Errorf("start ffmpeg: %w", err)
 	}
 	go func() {
@@ -132,35 +215,85 @@ func Start(o Options) (*Encoder, error) {
 // Pid is ffmpeg's process ID.
 func (e *Encoder) Pid() int { return e.cmd.Process.Pid }
 
-// Frame sends one PNG frame of width × height, shown from at (since the
-// start of the recording) until the next frame. Times must not go
-// backwards.
-func (e *Encoder) Frame(at time.Duration, width, height int, png []byte) error {
-	return e.frame(at, width, height, png, 0)
+// Frame sends one PNG frame, shown from at (since the start of the
+// recording) until the next frame. Times must not go backwards. A frame
+// whose header is not a PNG of the encoder's SrcWidth × SrcHeight is
+// refused, with an error, and none is sent after it.
+func (e *Encoder) Frame(at time.Duration, png []byte) error {
+	return e.frame(at, png, 0)
 }
 
 // Last sends the recording's last frame: shown from at for dur, when the
 // recording ends. Nothing may be sent after it.
-func (e *Encoder) Last(at, dur time.Duration, width, height int, png []byte) error {
-	return e.frame(at, width, height, png, uint64(max(1, dur.Milliseconds())))
+func (e *Encoder) Last(at, dur time.Duration, png []byte) error {
+	return e.frame(at, png, uint64(max(1, dur.Milliseconds())))
 }
 
-func (e *Encoder) frame(at time.Duration, width, height int, png []byte, dur uint64) error {
+// FrameSizeError is the error of a frame whose PNG is not of the
+// recording's size.
+type FrameSizeError struct {
+	Width, Height         int // the frame's, by its header
+	WantWidth, WantHeight int // the recording's
+}
+
+func (e *FrameSizeError) Error() string {
+	return fmt.Sprintf("frame %dx%d does not match the recording's %dx%d", e.Width, e.Height, e.WantWidth, e.WantHeight)
+}
+
+// checkFrame checks that data is a PNG of w × h, from its header alone:
+// what ffmpeg would size its decoding by.
+func checkFrame(data []byte, w, h int) error {
+	c, err := png.DecodeConfig(bytes.NewReader(data))
+	if err != nil {
+		return fmt.Errorf("frame is not a PNG: %w", err)
+	}
+	if c.Width != w || c.Height != h {
+		return &FrameSizeError{Width: c.Width, Height: c.Height, WantWidth: w, WantHeight: h}
+	}
+	return nil
+}
+
+func (e *Encoder) frame(at time.Duration, data []byte, dur uint64) error {
+	if e.bad != nil {
+		return e.bad
+	}
 	select {
 	case <-e.done:
 		return fmt.Errorf("ffmpeg exited: %v", e.err)
 	default:
 	}
+	if err := checkFrame(data, e.opts.SrcWidth, e.opts.SrcHeight); err != nil {
+		e.bad = err
+		return err
+	}
 	if !e.header {
-		if _, err := e.in.Write(mkvHeader(width, height)); err != nil {
+		if err := e.write(mkvHeader(e.opts.SrcWidth, e.opts.SrcHeight)); err != nil {
 			return e.writeErr(err)
 		}
 		e.header = true
 	}
-	if err := writeFrame(e.in, uint64(max(0, at.Milliseconds())), png, dur); err != nil {
+	var b bytes.Buffer
+	_ = writeFrame(&b, uint64(max(0, at.Milliseconds())), data, dur)
+	if err := e.write(b.Bytes()); err != nil {
 		return e.writeErr(err)
 	}
 	return nil
+}
+
+// write writes p to ffmpeg within frameWriteBound.
+func (e *Encoder) write(p []byte) error {
+	if err := e.in.SetWriteDeadline(time.Now().Add(frameWriteBound)); err != nil {
+		return err
+	}
+	_, err := e.in.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("ffmpeg took no input for %v", frameWriteBound)
+	}
+	if err != nil {
+		// A frame cut in half leaves the stream unusable.
+		e.bad = err
+	}
+	return err
 }
 
 // writeErr explains a failed write to ffmpeg by its exit when it has one.
@@ -173,10 +306,12 @@ func (e *Encoder) writeErr(err error) error {
 	}
 }
 
-// Finish ends the input and waits for ffmpeg to write the file out; after
-// finishGrace, or when ctx ends, ffmpeg is killed and the file is removed
-// as unusable. It always leaves no process behind. A recording that got
-// no frame at all is an error: there is no video.
+// Finish ends the input and waits for ffmpeg to write the file out. After
+// finishGrace, or when ctx ends, ffmpeg is interrupted, on which it ends
+// the file where it is, and killed if it still does not exit; what it
+// wrote is kept, but Finish fails. It always leaves no process behind. A
+// recording that got no frame at all is an error, and leaves no file:
+// there is no video.
 func (e *Encoder) Finish(ctx context.Context) error {
 	e.in.Close()
 	t := time.NewTimer(finishGrace)
@@ -189,10 +324,14 @@ func (e *Encoder) Finish(ctx context.Context) error {
 	select {
 	case <-e.done:
 	default:
-		_ = e.cmd.Process.Kill()
-		<-e.done
-		os.Remove(e.opts.Path)
-		return errors.New("ffmpeg did not finish the file in time; it was stopped")
+		_ = e.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-e.done:
+		case <-time.After(interruptGrace):
+			_ = e.cmd.Process.Kill()
+			<-e.done
+		}
+		return errors.New("ffmpeg did not finish the file in time; it was stopped, and the file may end early")
 	}
 	if !e.header {
 		os.Remove(e.opts.Path)

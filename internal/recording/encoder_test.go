@@ -4,12 +4,18 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -62,7 +68,7 @@ func TestEncoderVariableFrames(t *testing.T) {
 	for _, format := range []string{FormatWebM, FormatMP4} {
 		t.Run(format, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "r."+format)
-			e, err := Start(Options{Path: path, Format: format, FPS: 5, Width: 160, Height: 120})
+			e, err := Start(Options{Path: path, Format: format, FPS: 5, Width: 160, Height: 120, SrcWidth: 320, SrcHeight: 240})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -73,9 +79,9 @@ func TestEncoderVariableFrames(t *testing.T) {
 			for i, f := range frames {
 				var err error
 				if i < len(frames)-1 {
-					err = e.Frame(f.at, 320, 240, pngOf(t, 320, 240, f.c))
+					err = e.Frame(f.at, pngOf(t, 320, 240, f.c))
 				} else {
-					err = e.Last(f.at, 200*time.Millisecond, 320, 240, pngOf(t, 320, 240, f.c))
+					err = e.Last(f.at, 200*time.Millisecond, pngOf(t, 320, 240, f.c))
 				}
 				if err != nil {
 					t.Fatal(err)
@@ -118,7 +124,7 @@ func TestEncoderVariableFrames(t *testing.T) {
 func TestEncoderNoFrame(t *testing.T) {
 	needs.Command(t, "ffmpeg")
 	path := filepath.Join(t.TempDir(), "r.webm")
-	e, err := Start(Options{Path: path, Format: FormatWebM, FPS: 5, Width: 160, Height: 120})
+	e, err := Start(Options{Path: path, Format: FormatWebM, FPS: 5, Width: 160, Height: 120, SrcWidth: 320, SrcHeight: 240})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,8 +135,207 @@ func TestEncoderNoFrame(t *testing.T) {
 
 func TestStartRejectsOddSize(t *testing.T) {
 	for _, s := range [][2]int{{0, 2}, {3, 2}, {2, 5}, {-2, 2}} {
-		if _, err := Start(Options{Path: "/nonexistent", Width: s[0], Height: s[1]}); err == nil {
+		if _, err := Start(Options{Path: "/nonexistent", Width: s[0], Height: s[1], SrcWidth: 64, SrcHeight: 64}); err == nil {
 			t.Errorf("size %v: no error", s)
 		}
+	}
+	for _, s := range [][2]int{{0, 64}, {64, -1}, {MaxSide + 1, 64}, {64, MaxSide + 1}} {
+		if _, err := Start(Options{Path: "/nonexistent", Width: 64, Height: 64, SrcWidth: s[0], SrcHeight: s[1]}); err == nil {
+			t.Errorf("screen size %v: no error", s)
+		}
+	}
+}
+
+// gone reports whether process pid has exited and been reaped.
+func gone(pid int) bool {
+	return syscall.Kill(pid, 0) == syscall.ESRCH
+}
+
+// TestEncoderRefusesOtherFrameSize: the sandbox makes the frames; one
+// whose PNG header says another size than the recording's (or that is
+// no PNG) never reaches ffmpeg, fails, and so does every frame after it.
+// The file keeps what came before, and no ffmpeg is left.
+func TestEncoderRefusesOtherFrameSize(t *testing.T) {
+	needs.Command(t, "ffmpeg", "ffprobe")
+	red := color.RGBA{255, 0, 0, 255}
+	for name, bad := range map[string][]byte{
+		"larger":    pngOf(t, 640, 480, red),
+		"not a png": []byte("GIF89a not a png at all"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "r.webm")
+			e, err := Start(Options{Path: path, Format: FormatWebM, FPS: 5, Width: 160, Height: 120, SrcWidth: 320, SrcHeight: 240})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Frame(0, pngOf(t, 320, 240, red)); err != nil {
+				t.Fatal(err)
+			}
+			err = e.Frame(time.Second, bad)
+			if err == nil {
+				t.Fatal("a frame of another size: no error")
+			}
+			t.Logf("refused: %v", err)
+			var fe *FrameSizeError
+			if name == "larger" && !errors.As(err, &fe) {
+				t.Errorf("error %v, want a FrameSizeError", err)
+			}
+			if err := e.Frame(2*time.Second, pngOf(t, 320, 240, red)); err == nil {
+				t.Error("a frame after the refused one: no error")
+			}
+			if err := e.Finish(context.Background()); err != nil {
+				t.Fatalf("Finish: %v", err)
+			}
+			if !gone(e.Pid()) {
+				t.Errorf("ffmpeg %d still runs", e.Pid())
+			}
+			if _, n := probe(t, path); n != 1 {
+				t.Errorf("%d frames in the file, want the 1 before the refused one", n)
+			}
+		})
+	}
+}
+
+// TestEncoderFinishInterrupts: an ffmpeg that does not end its file in
+// time is interrupted, not killed outright, and the file it wrote is kept
+// for the user. The stand-in ffmpeg ignores the end of its input, and on
+// SIGINT writes its "trailer" and exits.
+func TestEncoderFinishInterrupts(t *testing.T) {
+	dir := t.TempDir()
+	// Readable by nobody, whom the encoder runs as under root.
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake := filepath.Join(dir, "ffmpeg")
+	script := "#!/bin/sh\nfor a; do out=$a; done\ntrap 'kill $!; echo trailer >>$out; exit 255' INT\ncat >/dev/null\nsleep 60 &\nwait\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "r.mp4")
+	e, err := Start(Options{FFmpeg: fake, Path: path, Format: FormatMP4, FPS: 5, Width: 160, Height: 120, SrcWidth: 320, SrcHeight: 240})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Frame(0, pngOf(t, 320, 240, color.RGBA{255, 0, 0, 255})); err != nil {
+		t.Fatal(err)
+	}
+	// As if finishGrace had run out at once.
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	if err := e.Finish(ctx); err == nil {
+		t.Error("Finish cut short: no error")
+	} else {
+		t.Logf("Finish: %v", err)
+	}
+	if d := time.Since(began); d > interruptGrace {
+		t.Errorf("Finish took %v: ffmpeg was killed, not interrupted", d)
+	}
+	if !gone(e.Pid()) {
+		t.Errorf("ffmpeg %d still runs", e.Pid())
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "trailer\n" {
+		t.Errorf("file %q %v: want kept, with what ffmpeg wrote at the interrupt", b, err)
+	}
+}
+
+// TestEncoderUnprivileged: run as root, ffmpeg runs as nobody, under an
+// address-space cap, and the file it writes through its descriptor is
+// still complete (webm's cues and duration are written by seeking back).
+func TestEncoderUnprivileged(t *testing.T) {
+	needs.Command(t, "ffmpeg")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to drop to nobody")
+	}
+	path := filepath.Join(t.TempDir(), "r.webm")
+	e, err := Start(Options{Path: path, Format: FormatWebM, FPS: 5, Width: 160, Height: 120, SrcWidth: 320, SrcHeight: 240})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Finish(context.Background())
+	// The limit is set by the shell that then becomes ffmpeg.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", e.Pid()))
+		if string(comm) == "ffmpeg\n" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d is %q, not ffmpeg", e.Pid(), comm)
+		}
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", e.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^Uid:\s+65534\s`).Match(st) {
+		t.Errorf("ffmpeg's status: %s; want uid 65534", st)
+	}
+	lim, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", e.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`Max address space\s+2147483648\s`).Match(lim) {
+		t.Errorf("ffmpeg's limits: %s; want a 2 GiB address space", lim)
+	}
+}
+
+// TestArgs: ffmpeg decodes and scales on one thread each, writes no more
+// than MaxBytes, and an mp4 is fragmented (playable when cut off) with a
+// capped bitrate.
+func TestArgs(t *testing.T) {
+	o := Options{Path: "/x", Format: FormatMP4, FPS: 5, Width: 64, Height: 64, SrcWidth: 64, SrcHeight: 64, MaxBytes: 1 << 30}
+	a := strings.Join(o.args("/proc/self/fd/3"), " ")
+	for _, want := range []string{
+		"-filter_threads 1 -threads 1 -f matroska -i pipe:0", // -threads before -i: the decoder's
+		"-maxrate 4M -bufsize 8M",
+		"-movflags +frag_keyframe+empty_moov+default_base_moof",
+		"-fs 1073741824 -y /proc/self/fd/3",
+	} {
+		if !strings.Contains(a, want) {
+			t.Errorf("ffmpeg args %q lack %q", a, want)
+		}
+	}
+}
+
+// TestEncoderStuckInput: an ffmpeg that stops reading its input fails the
+// frame being written after frameWriteBound, rather than block it, and
+// Finish still leaves no process.
+func TestEncoderStuckInput(t *testing.T) {
+	old := frameWriteBound
+	frameWriteBound = 300 * time.Millisecond
+	defer func() { frameWriteBound = old }()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake := filepath.Join(dir, "ffmpeg")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nexec sleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Start(Options{FFmpeg: fake, Path: filepath.Join(dir, "r.webm"), Format: FormatWebM, FPS: 5, Width: 64, Height: 64, SrcWidth: 64, SrcHeight: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A frame larger than a pipe's buffer: its write cannot complete.
+	big := bytes.Repeat([]byte{0}, 1<<20)
+	frame := append(pngOf(t, 64, 64, color.RGBA{0, 0, 0, 255}), big...)
+	began := time.Now()
+	err = e.Frame(0, frame)
+	if err == nil {
+		t.Fatal("a frame ffmpeg does not read: no error")
+	}
+	t.Logf("after %v: %v", time.Since(began), err)
+	if d := time.Since(began); d > 5*time.Second {
+		t.Errorf("the write took %v, want about frameWriteBound", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_ = e.Finish(ctx)
+	if !gone(e.Pid()) {
+		t.Errorf("ffmpeg %d still runs", e.Pid())
 	}
 }

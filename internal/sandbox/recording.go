@@ -33,7 +33,9 @@ const (
 	StopSandboxEnded  = "sandbox_stopped" // destroyed, reaped, died or paused
 	StopDaemon        = "daemon_stopped"  // cubicled shut down
 	StopMaxDuration   = "max_duration"    // Config.MaxRecordingDuration ran out
-	StopEncoderFailed = "encoder_failed"
+	StopMaxSize       = "max_size"        // the file reached MaxRecordingBytes
+	StopDiskFull      = "disk_full"       // the data directory ran low (minRecordingFree)
+	StopEncoderFailed = "encoder_failed"  // ffmpeg failed, or a frame was refused
 )
 
 // Defaults of the recording settings in Config.
@@ -43,7 +45,20 @@ const (
 	DefaultMaxRecordingDuration  = 4 * time.Hour
 	DefaultRecordingFPS          = 5
 	MaxRecordingFPS              = 30
+	// MaxRecordingBytes caps one recording's file: it stops (max_size)
+	// a little before, and ffmpeg's -fs holds it at the cap regardless.
+	MaxRecordingBytes = 2 << 30
 )
+
+// minRecordingFree is the free space the data directory must keep for a
+// recording to start or go on: a recording is not worth filling the disk
+// the sandboxes' own state lives on.
+const minRecordingFree = 512 << 20
+
+// recordingDiskCheck is how often a recording checks its file's size and
+// the data directory's free space: at the bitrate caps (4 Mb/s) a file
+// grows by some 5 MB in between.
+var recordingDiskCheck = 10 * time.Second
 
 // Recording is the API view of a recording of a sandbox's screen (API.md
 // "Recordings"). It belongs to the API key that started it and outlives
@@ -165,15 +180,23 @@ func (m *Manager) StartRecording(ctx context.Context, id, owner string, req Reco
 	if err != nil {
 		return Recording{}, err
 	}
-	if _, err := m.entry(id); err != nil {
-		return Recording{}, err
+	// Another key's sandbox is not found, as an unknown one (as Logs).
+	m.mu.Lock()
+	e, ok := m.entries[id]
+	found := ok && (owner == "" || e.rec.Request.Owner == owner)
+	m.mu.Unlock()
+	if !found {
+		return Recording{}, errdefs.NotFound("sandbox %s not found", id)
 	}
 	client, _, err := m.Watch(ctx, id)
 	if err != nil {
 		return Recording{}, err
 	}
+	if free, err := m.freeBytes(m.cfg.DataDir); err == nil && free < minRecordingFree {
+		return Recording{}, errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full: %d MiB free, and a recording needs %d MiB", free>>20, minRecordingFree>>20)
+	}
 	m.mu.Lock()
-	if e := m.entries[id]; e != nil && e.rec.Sandbox.Desktop != nil && !*e.rec.Sandbox.Desktop {
+	if e.rec.Sandbox.Desktop != nil && !*e.rec.Sandbox.Desktop {
 		m.mu.Unlock()
 		return Recording{}, errdefs.New(errdefs.ErrNoDesktop, "sandbox %s has no desktop to record: its image has no X server", id)
 	}
@@ -181,6 +204,10 @@ func (m *Manager) StartRecording(ctx context.Context, id, owner string, req Reco
 	for _, r := range m.recs {
 		if r.SandboxID == id && r.State == RecordingActive {
 			m.mu.Unlock()
+			if r.Owner != owner {
+				// Another key's recording: its ID is none of this key's business.
+				return Recording{}, errdefs.Conflict("sandbox %s is being recorded already", id)
+			}
 			return Recording{}, errdefs.Conflict("sandbox %s is being recorded already (recording %s); stop that one first", id, r.ID)
 		}
 		if r.Owner == owner && !r.deleting {
@@ -220,18 +247,29 @@ func (m *Manager) StartRecording(ctx context.Context, id, owner string, req Reco
 	if err != nil {
 		return fail(errdefs.New(errdefs.ErrConflict, "capture the screen of sandbox %s: %v", id, err))
 	}
-	width, height := evenScaled(int(shot.Width), req.Scale), evenScaled(int(shot.Height), req.Scale)
+	// The sandbox says how large its screen is. That may differ from the
+	// size it was created with (E2B's Desktop.create resizes it), so the
+	// recording takes the first frame's size, no larger than the
+	// encoder's cap; every later frame is held to it, header checked
+	// (recording.Encoder.Frame), so a hostile agent cannot grow what
+	// ffmpeg decodes.
+	sw, sh := int(shot.Width), int(shot.Height)
+	if sw <= 0 || sh <= 0 || sw > recording.MaxSide || sh > recording.MaxSide {
+		return fail(errdefs.Conflict("the screen of sandbox %s is %dx%d; recordings take screens up to %dx%d", id, sw, sh, recording.MaxSide, recording.MaxSide))
+	}
+	width, height := evenScaled(sw, req.Scale), evenScaled(sh, req.Scale)
 	path := m.recordingPath(r.ID, r.Format)
-	enc, err := recording.Start(recording.Options{FFmpeg: m.cfg.FFmpeg, Path: path, Format: r.Format, FPS: r.FPS, Width: width, Height: height})
+	enc, err := recording.Start(recording.Options{FFmpeg: m.cfg.FFmpeg, Path: path, Format: r.Format, FPS: r.FPS,
+		Width: width, Height: height, SrcWidth: sw, SrcHeight: sh, MaxBytes: MaxRecordingBytes})
 	if err != nil {
-		return fail(errdefs.New(errdefs.ErrUnavailable, "start the encoder: %v", err))
+		return fail(errdefs.New(errdefs.ErrUnavailable, "start the encoder: %v", m.hideDataDir(err.Error())))
 	}
 	r.enc = enc
 	// The first frame is the screen at the start: stamped 0.
-	if err := enc.Frame(0, int(shot.Width), int(shot.Height), shot.Data); err != nil {
+	if err := enc.Frame(0, shot.Data); err != nil {
 		_ = enc.Finish(context.WithoutCancel(ctx))
 		os.Remove(path)
-		return fail(errdefs.New(errdefs.ErrUnavailable, "encode the first frame: %v", err))
+		return fail(errdefs.New(errdefs.ErrUnavailable, "encode the first frame: %v", m.hideDataDir(err.Error())))
 	}
 	m.mu.Lock()
 	// Listed from here on (recLocked hides a recording without a start).
@@ -244,11 +282,24 @@ func (m *Manager) StartRecording(ctx context.Context, id, owner string, req Reco
 		os.Remove(path)
 		return fail(fmt.Errorf("persist recording: %w", err))
 	}
-	m.m.RecordingsActive.Inc()
-	m.wg.Add(1)
-	go m.record(r, start, shot.Data, int(shot.Width), int(shot.Height))
-	m.log.Info("recording started", "sandbox", id, "recording", r.ID, "fps", r.FPS, "format", r.Format, "size", fmt.Sprintf("%dx%d", r.Width, r.Height))
 	m.mu.Lock()
+	if m.closing {
+		// Close began while the first frame was taken: its wait on
+		// m.wg may have passed, so no recorder may start now. The file
+		// is final, with its one frame; the record says why it stopped.
+		m.mu.Unlock()
+		_ = enc.Finish(context.WithoutCancel(ctx))
+		m.finishRecording(r, StopDaemon, 0, errors.New("cubicled shut down as the recording started"))
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.recordingView(r, m.cfg.Clock.Now()), nil
+	}
+	// Added under m.mu, with closing false: Close sets closing under
+	// it before it waits, so it waits for this recorder too.
+	m.wg.Add(1)
+	m.m.RecordingsActive.Inc()
+	go m.record(r, start, shot.Data)
+	m.log.Info("recording started", "sandbox", id, "recording", r.ID, "fps", r.FPS, "format", r.Format, "size", fmt.Sprintf("%dx%d", r.Width, r.Height))
 	defer m.mu.Unlock()
 	return m.recordingView(r, m.cfg.Clock.Now()), nil
 }
@@ -279,18 +330,20 @@ func captureFrame(ctx context.Context, c frameClient) (*desktoppb.ScreenshotResp
 }
 
 // record runs recording r until it is asked to stop, its sandbox ends,
-// MaxRecordingDuration runs out or the daemon closes: it polls the screen
-// FPS times a second and sends a frame only when the screen changed, then
-// repeats the last frame at the stop so the video lasts as long as the
-// recording did, finishes the file and stores the outcome.
-func (m *Manager) record(r *recorder, start time.Time, last []byte, w, h int) {
+// MaxRecordingDuration runs out, its file or the disk fill up, or the
+// daemon closes: it polls the screen FPS times a second and sends a frame
+// only when the screen changed, then repeats the last frame at the stop
+// so the video lasts as long as the recording did, finishes the file and
+// stores the outcome.
+func (m *Manager) record(r *recorder, start time.Time, last []byte) {
 	defer m.wg.Done()
-	defer close(r.done)
 	defer m.m.RecordingsActive.Dec()
 	log := m.log.With("sandbox", r.SandboxID, "recording", r.ID)
 	interval := time.Second / time.Duration(r.FPS)
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
+	disk := time.NewTicker(recordingDiskCheck)
+	defer disk.Stop()
 	limit := time.NewTimer(m.cfg.MaxRecordingDuration)
 	defer limit.Stop()
 	var lastAt time.Duration
@@ -305,6 +358,8 @@ func (m *Manager) record(r *recorder, start time.Time, last []byte, w, h int) {
 			m.mu.Unlock()
 		case <-limit.C:
 			reason = StopMaxDuration
+		case <-disk.C:
+			reason = m.recordingRoom(r)
 		case <-tick.C:
 			client, ending, err := m.Watch(m.ctx, r.SandboxID)
 			if err != nil || isClosed(ending) {
@@ -322,11 +377,14 @@ func (m *Manager) record(r *recorder, start time.Time, last []byte, w, h int) {
 				continue
 			}
 			at := time.Since(start)
-			if err := r.enc.Frame(at, int(shot.Width), int(shot.Height), shot.Data); err != nil {
+			// The encoder checks the frame's own header against the
+			// recording's size: shot.Width and Height are the
+			// sandbox's word, not taken.
+			if err := r.enc.Frame(at, shot.Data); err != nil {
 				reason, encErr = StopEncoderFailed, err
 				break
 			}
-			last, w, h, lastAt = shot.Data, int(shot.Width), int(shot.Height), at
+			last, lastAt = shot.Data, at
 			m.mu.Lock()
 			r.Frames++
 			m.mu.Unlock()
@@ -336,7 +394,7 @@ func (m *Manager) record(r *recorder, start time.Time, last []byte, w, h int) {
 	if encErr == nil {
 		// The last frame again, ending at the stop.
 		at := max(lastAt+time.Millisecond, end-interval)
-		if err := r.enc.Last(at, end-at, w, h, last); err != nil {
+		if err := r.enc.Last(at, end-at, last); err != nil {
 			encErr = err
 		} else {
 			m.mu.Lock()
@@ -345,25 +403,64 @@ func (m *Manager) record(r *recorder, start time.Time, last []byte, w, h int) {
 		}
 	}
 	ferr := r.enc.Finish(context.WithoutCancel(m.ctx))
+	m.finishRecording(r, reason, end, errors.Join(encErr, ferr))
+}
+
+// recordingRoom is why recording r must stop for lack of room, or "":
+// its file is close to MaxRecordingBytes, or the data directory to full.
+func (m *Manager) recordingRoom(r *recorder) string {
+	if fi, err := os.Stat(m.recordingPath(r.ID, r.Format)); err == nil && fi.Size() >= MaxRecordingBytes/100*98 {
+		return StopMaxSize
+	}
+	if free, err := m.freeBytes(m.cfg.DataDir); err == nil && free < minRecordingFree {
+		return StopDiskFull
+	}
+	return ""
+}
+
+// finishRecording stores the outcome of recording r, whose file is final:
+// it stopped for reason after dur, failed if err. It closes r.done.
+func (m *Manager) finishRecording(r *recorder, reason string, dur time.Duration, err error) {
+	defer close(r.done)
 	now := m.cfg.Clock.Now().UTC()
 	expires := now.Add(m.cfg.RecordingRetention)
 	m.mu.Lock()
 	r.State, r.StopReason = RecordingStopped, reason
 	r.StoppedAt, r.ExpiresAt = &now, &expires
-	r.DurationMS = end.Milliseconds()
-	if err := errors.Join(encErr, ferr); err != nil {
-		r.State, r.Error = RecordingFailed, "encode: "+err.Error()
+	r.DurationMS = dur.Milliseconds()
+	if err != nil {
+		r.State, r.Error = RecordingFailed, "encode: "+m.hideDataDir(err.Error())
+	} else if reason == StopDiskFull {
+		// The file is complete, but shorter than asked: say why.
+		r.State, r.Error = RecordingFailed, "cubicled's data directory ran low on space; the recording was stopped"
 	}
 	if fi, err := os.Stat(m.recordingPath(r.ID, r.Format)); err == nil {
 		r.SizeBytes = fi.Size()
 	}
 	c := r.Recording
 	m.mu.Unlock()
+	log := m.log.With("sandbox", r.SandboxID, "recording", r.ID)
 	if err := m.store.putRecording(&c, r.Owner); err != nil {
 		log.Warn("persist stopped recording", "err", err)
 	}
 	m.m.Recordings.WithLabelValues(c.State).Inc()
 	log.Info("recording stopped", "state", c.State, "reason", reason, "ms", c.DurationMS, "frames", c.Frames, "bytes", c.SizeBytes, "err", c.Error)
+}
+
+// hideDataDir replaces the daemon's data directory in msg (ffmpeg names
+// its files) with "…", as the logs do: a key sees its recording's error,
+// not the host's layout.
+func (m *Manager) hideDataDir(msg string) string {
+	dirs := []string{m.cfg.DataDir}
+	if real, err := filepath.EvalSymlinks(m.cfg.DataDir); err == nil && real != m.cfg.DataDir {
+		dirs = append(dirs, real)
+	}
+	for _, d := range dirs {
+		if d != "" {
+			msg = strings.ReplaceAll(msg, d, "…")
+		}
+	}
+	return msg
 }
 
 // stopRecordingsOf ends the recording of sandbox id, if one runs, and
@@ -487,8 +584,20 @@ func (m *Manager) DeleteRecording(ctx context.Context, owner, id string) error {
 	r.requestStopLocked(StopRequested)
 	r.deleting = true
 	m.mu.Unlock()
-	<-r.done
-	return m.removeRecording(r)
+	select {
+	case <-r.done:
+		return m.removeRecording(r)
+	case <-ctx.Done():
+		// The recording stops and goes all the same, once its file is
+		// final: the caller asked for that, only stopped waiting.
+		go func() {
+			<-r.done
+			if err := m.removeRecording(r); err != nil {
+				m.log.Warn("delete a recording", "recording", r.ID, "err", err)
+			}
+		}()
+		return fmt.Errorf("delete recording %s: %w", id, ctx.Err())
+	}
 }
 
 // removeRecording deletes r's record, then its file.
@@ -545,11 +654,17 @@ func (m *Manager) loadRecordings() error {
 			expires := now.Add(m.cfg.RecordingRetention)
 			r.State, r.StopReason = RecordingFailed, StopDaemon
 			r.Error = "cubicled stopped without ending the recording; the file ends where it did and may not play"
-			r.StoppedAt, r.ExpiresAt = &now, &expires
-			r.DurationMS = now.Sub(r.StartedAt).Milliseconds()
+			// The file ends where ffmpeg last wrote it, not at this
+			// restart, however long the daemon was down.
+			stopped := r.StartedAt
 			if fi, err := os.Stat(m.recordingPath(r.ID, r.Format)); err == nil {
 				r.SizeBytes = fi.Size()
+				if mt := fi.ModTime().UTC(); mt.After(stopped) {
+					stopped = mt
+				}
 			}
+			r.StoppedAt, r.ExpiresAt = &stopped, &expires
+			r.DurationMS = stopped.Sub(r.StartedAt).Milliseconds()
 			if err := m.store.putRecording(&r.Recording, r.Owner); err != nil {
 				return err
 			}

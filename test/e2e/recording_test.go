@@ -101,8 +101,11 @@ func testRecording(t *testing.T, backend string) {
 	if _, err := c.DownloadRecording(ctx, rec.ID); !client.IsConflict(err) {
 		t.Errorf("download while recording: %v, want a conflict", err)
 	}
-	if n := len(ffmpegs(t, dataDir)); n != 1 {
-		t.Errorf("%d ffmpeg processes while recording, want 1", n)
+	if pids := ffmpegs(t, dataDir); len(pids) != 1 {
+		t.Errorf("%d ffmpeg processes while recording, want 1", len(pids))
+	} else if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pids[0])); err != nil || !strings.Contains(string(st), "\nUid:\t65534\t") {
+		// It decodes what the sandbox drew: not as root.
+		t.Errorf("ffmpeg %d runs as %v: want nobody (65534)", pids[0], err)
 	}
 	time.Sleep(3*time.Second - time.Since(t0))
 	if _, err := c.Actions(ctx, sb.ID, client.ClickAt(512, 450)); err != nil {
@@ -267,7 +270,10 @@ func ffmpegs(t *testing.T, dataDir string) []int {
 			continue
 		}
 		args := strings.Split(string(cmd), "\x00")
-		if filepath.Base(args[0]) == "ffmpeg" && strings.Contains(string(cmd), dataDir) {
+		// ffmpeg writes the file through its descriptor 3, which the
+		// daemon opened: its command line names /proc/self/fd/3.
+		out3, _ := os.Readlink(filepath.Join(p, "fd", "3"))
+		if filepath.Base(args[0]) == "ffmpeg" && (strings.Contains(string(cmd), dataDir) || strings.HasPrefix(out3, dataDir)) {
 			pid, _ := strconv.Atoi(filepath.Base(p))
 			out = append(out, pid)
 		}
