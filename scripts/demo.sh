@@ -39,7 +39,11 @@ $cli cp scripts/demo/page.html "$id:/tmp/demo.html"
 $cli key "$id" ctrl+l
 $cli type "$id" "file:///tmp/demo.html"
 $cli key "$id" Return
-sleep 2
+for _ in $(seq 75); do
+  $cli windows "$id" | grep -q "cubicle demo" && break
+  sleep 0.2
+done
+sleep 1 # the title comes with the page's head; let the rest load
 $cli click "$id" 512 300
 # The first click on the window makes XFCE's window manager activate it;
 # keys sent while Chromium takes the focus back are lost. An agent looks

@@ -54,6 +54,24 @@ func testXFCEDesktop(t *testing.T, backend string) {
 		t.Fatalf("want Chromium's page below XFCE's panel: the white area is %v, %d white pixels in the top 16 rows", page, top)
 	}
 	t.Logf("XFCE's panel and Chromium's page (%v) on the screen %s after create", page, time.Since(t0).Round(time.Millisecond))
+	// XFCE fits Chromium's window into the work area below the panel:
+	// its tab strip must not be under the panel.
+	var chromium client.Window
+	if !eventually(30*time.Second, func() bool {
+		ws, err := c.Windows(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range ws {
+			if strings.EqualFold(w.Class, "chromium") {
+				chromium = w
+				return w.Y >= 20 && w.Y+w.Height <= 768
+			}
+		}
+		return false
+	}) {
+		t.Errorf("Chromium's window is at %+v: want it below the panel, inside the screen", chromium)
+	}
 	want := map[string]string{"xfce4-session": "/usr/bin/xfce4-session", "xfwm4": "/usr/bin/xfwm4",
 		"xfce4-panel": "/usr/bin/xfce4-panel", "xfdesktop": "/usr/bin/xfdesktop", "dbus-daemon": "/usr/bin/dbus-daemon"}
 	var got string
