@@ -123,7 +123,21 @@ func TestWaitOrphanRuns(t *testing.T) {
 	startAs := func(uid uint32, pidFile, script string) *exec.Cmd {
 		t.Helper()
 		// sh -c SCRIPT NAME ARGS...: the arguments are only for matching.
+		// A script of "block" waits with the shell's own read, on a pipe
+		// the test holds open: a sleep would be forked, and the forked
+		// shell, until it has exec'd sleep, has the same arguments, so
+		// it matched too once on a loaded machine (CI, stop 21).
 		cmd := exec.Command("sh", "-c", script, "runsc", "run", "--detach", "--pid-file", pidFile, "--bundle", "x", "id")
+		if script == "block" {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Args[2] = "read x"
+			cmd.Stdin = r
+			t.Cleanup(func() { w.Close() })
+			defer r.Close()
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // as Create starts a run
 		if uid != 0 {
 			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
@@ -135,15 +149,15 @@ func TestWaitOrphanRuns(t *testing.T) {
 		return cmd
 	}
 	start := func(pidFile, script string) *exec.Cmd { return startAs(0, pidFile, script) }
-	mine := start(filepath.Join(state, "tmine", "pid"), "sleep 30")
+	mine := start(filepath.Join(state, "tmine", "pid"), "block")
 	if os.Geteuid() == 0 {
 		// Anyone may name a box in a process's arguments; only the
 		// daemon's user runs the runtime.
-		startAs(65534, filepath.Join(state, "tforeign", "pid"), "sleep 30")
+		startAs(65534, filepath.Join(state, "tforeign", "pid"), "block")
 	}
-	start(filepath.Join(state, "tkept", "pid"), "sleep 30")
-	start(filepath.Join(t.TempDir(), "tother", "pid"), "sleep 30")
-	start(filepath.Join(state, "Not-An-ID", "pid"), "sleep 30")
+	start(filepath.Join(state, "tkept", "pid"), "block")
+	start(filepath.Join(t.TempDir(), "tother", "pid"), "block")
+	start(filepath.Join(state, "Not-An-ID", "pid"), "block")
 	runs, err := d.orphanRuns(map[string]bool{"tkept": true})
 	if err != nil {
 		t.Fatal(err)
