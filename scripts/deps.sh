@@ -29,6 +29,7 @@ packages=(
   shellcheck                       # make lint
   protobuf-compiler libprotobuf-dev  # make proto: protoc and its well-known types regenerate proto/
   xdg-utils                        # xdg-open: `cubicle view --open`
+  etcd-server etcd-client          # cluster mode (etcd 3.4: the coordination store) and its tests
   ffmpeg                           # screen recordings (libvpx VP8 / libx264) and their tests (ffprobe)
   python3 python3-minimal python3-venv  # the Python SDK's test (/usr/bin/python3 is python3-minimal's)
   python3-setuptools python3-wheel python3-pip  # pip install --no-build-isolation --no-index sdk/python

@@ -1,0 +1,699 @@
+// Package cluster joins cubicled nodes into one service through etcd:
+// each node registers itself under a lease (address, version, backends,
+// capacity and load), the sandbox catalog (id → node, state, owner,
+// times) lives under one prefix, and every node watches both, so that
+// finding a sandbox's node or placing a new one costs no round trip to
+// etcd. The node's own store (bbolt, internal/sandbox) stays the truth
+// for what runs on it; the catalog is reconciled from it at start and on
+// a schedule.
+//
+// etcd runs as its own cluster (Debian's etcd-server), not embedded in
+// cubicled: an operator can stop, upgrade or move an etcd member without
+// touching the sandboxes of the node beside it, three members survive
+// the loss of one, and a cubicled crash never takes a Raft member down
+// with it. The client is etcd's own (go.etcd.io/etcd/client/v3): leases,
+// keep-alives, watches with revisions and transactions are exactly what
+// membership and the catalog need, and writing them by hand over the
+// gRPC gateway would repeat that client badly. It brings gRPC and zap;
+// both stay inside this package.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Defaults of Config.
+const (
+	DefaultLeaseTTL   = 10 * time.Second
+	DefaultCandidates = 3
+	DefaultPrefix     = "/cubicle/"
+	DefaultRefresh    = 2 * time.Second
+	DefaultReconcile  = 10 * time.Second
+	// callTimeout bounds one etcd call: with etcd away, a request that
+	// needs it fails in this time instead of hanging.
+	callTimeout = 3 * time.Second
+)
+
+// ErrUnavailable is returned by what needs etcd while this node cannot
+// reach a quorum of it.
+var ErrUnavailable = errors.New("the cluster's store (etcd) is unreachable")
+
+// Load is what a node tells the others about itself.
+type Load struct {
+	// Backends are the backends this node can create sandboxes on.
+	Backends []string `json:"backends"`
+	// MaxSandboxes is the node's capacity and Live what it holds now
+	// (sandboxes that take a slot: starting, running, pausing, resuming).
+	MaxSandboxes int `json:"max_sandboxes"`
+	Live         int `json:"live"`
+	// FreeMemoryMB is the host's available memory.
+	FreeMemoryMB int64 `json:"free_memory_mb"`
+	// Pools are the warm desktops ready, by pool name.
+	Pools map[string]int `json:"pools,omitempty"`
+	// Draining nodes take no new sandboxes.
+	Draining bool `json:"draining,omitempty"`
+}
+
+// Node is one member, as registered in etcd.
+type Node struct {
+	Name    string    `json:"name"`
+	URL     string    `json:"url"`
+	Version string    `json:"version"`
+	Started time.Time `json:"started"`
+	Updated time.Time `json:"updated"`
+	Load
+}
+
+// Entry is one sandbox in the catalog.
+type Entry struct {
+	ID      string    `json:"id"`
+	Node    string    `json:"node"`
+	State   string    `json:"state"`
+	Owner   string    `json:"owner,omitempty"`
+	Backend string    `json:"backend,omitempty"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires,omitzero"`
+	// Sandbox is the sandbox as its node last showed it (API.md's
+	// Sandbox object), answered for a node that is gone.
+	Sandbox json.RawMessage `json:"sandbox,omitempty"`
+}
+
+func (e Entry) same(o Entry) bool {
+	return e.ID == o.ID && e.Node == o.Node && e.State == o.State && e.Owner == o.Owner &&
+		e.Backend == o.Backend && e.Created.Equal(o.Created) && e.Expires.Equal(o.Expires) &&
+		string(e.Sandbox) == string(o.Sandbox)
+}
+
+// Local is what the cluster needs of this node: its load and what runs
+// on it.
+type Local interface {
+	Load(ctx context.Context) Load
+	Sandboxes(ctx context.Context) []Entry
+}
+
+// Config configures a node's membership.
+type Config struct {
+	// Endpoints are etcd's client URLs.
+	Endpoints []string
+	// Name is this node's name, unique in the cluster; URL the base URL
+	// the other nodes reach its API at.
+	Name, URL string
+	// Version is cubicled's version, shown in the node list.
+	Version string
+	// LeaseTTL is how long a node that stopped renewing stays a member:
+	// its sandboxes turn lost after it.
+	LeaseTTL time.Duration
+	// Candidates is K of the best-of-K placement.
+	Candidates int
+	// Prefix is where cubicle's keys live in etcd.
+	Prefix string
+	// Refresh is how often the node's load is written; Reconcile how
+	// often the catalog is checked against the node's store.
+	Refresh, Reconcile time.Duration
+	// Local is this node; nil for a client that only reads (tests).
+	Local Local
+	Log   *slog.Logger
+}
+
+// Cluster is this node's view of the cluster.
+type Cluster struct {
+	cfg Config
+	cli *clientv3.Client
+	log *slog.Logger
+
+	mu         sync.Mutex
+	nodes      map[string]Node
+	catalog    map[string]Entry
+	pending    map[string]int // creates placed on a node since its record last changed
+	lease      clientv3.LeaseID
+	lastOK     time.Time // last time etcd answered this node
+	problem    string    // why the node is degraded, "" when it is not
+	synced     bool      // the watches have loaded the state once
+	registered bool      // etcd has answered this node once
+	draining   bool
+	started    time.Time
+	watchRevs  int64 // events seen by the watches, for the simulation's figures
+}
+
+// New connects to etcd; it does not block on it (Run does the work).
+func New(cfg Config) (*Cluster, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("cluster: no etcd endpoints")
+	}
+	if cfg.Name == "" || strings.ContainsAny(cfg.Name, "/ \t\n") {
+		return nil, fmt.Errorf("cluster: node name %q must be non-empty, without slashes or spaces", cfg.Name)
+	}
+	if cfg.LeaseTTL <= 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.LeaseTTL < 2*time.Second {
+		return nil, fmt.Errorf("cluster: lease TTL %v is below etcd's 2 s minimum", cfg.LeaseTTL)
+	}
+	if cfg.Candidates <= 0 {
+		cfg.Candidates = DefaultCandidates
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if !strings.HasSuffix(cfg.Prefix, "/") {
+		cfg.Prefix += "/"
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = DefaultRefresh
+	}
+	if cfg.Reconcile <= 0 {
+		cfg.Reconcile = DefaultReconcile
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          callTimeout,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: etcd client: %w", err)
+	}
+	return &Cluster{
+		cfg:     cfg,
+		cli:     cli,
+		log:     cfg.Log,
+		nodes:   map[string]Node{},
+		catalog: map[string]Entry{},
+		pending: map[string]int{},
+		problem: "not yet registered with etcd",
+		started: time.Now().UTC(),
+	}, nil
+}
+
+// Close closes the etcd client. The node's lease is revoked first when
+// ctx allows, so the others see it leave at once rather than after its
+// TTL.
+func (c *Cluster) Close(ctx context.Context) error {
+	c.mu.Lock()
+	lease := c.lease
+	c.mu.Unlock()
+	if lease != 0 {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		_, _ = c.cli.Revoke(cctx, lease)
+		cancel()
+	}
+	return c.cli.Close()
+}
+
+// Name is this node's name.
+func (c *Cluster) Name() string { return c.cfg.Name }
+
+// LeaseTTL is how long a silent node stays a member.
+func (c *Cluster) LeaseTTL() time.Duration { return c.cfg.LeaseTTL }
+
+func (c *Cluster) nodeKey(name string) string { return c.cfg.Prefix + "nodes/" + name }
+func (c *Cluster) entryKey(id string) string  { return c.cfg.Prefix + "sandboxes/" + id }
+
+// Run keeps the node registered, its load current, the catalog
+// reconciled and the watches running until ctx ends. etcd going away is
+// not an error: Run keeps trying, and Degraded says why meanwhile.
+func (c *Cluster) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.watchLoop(ctx, "nodes/", c.applyNode, c.resetNodes) }()
+	go func() { defer wg.Done(); c.watchLoop(ctx, "sandboxes/", c.applyEntry, c.resetCatalog) }()
+	defer wg.Wait()
+	if c.cfg.Local == nil {
+		<-ctx.Done()
+		return nil
+	}
+	refresh := time.NewTicker(c.cfg.Refresh)
+	defer refresh.Stop()
+	var nextReconcile time.Time
+	for {
+		if err := c.register(ctx); err != nil {
+			c.setProblem(err)
+		} else {
+			c.setOK()
+			if time.Now().After(nextReconcile) {
+				if err := c.Reconcile(ctx); err != nil {
+					c.log.Warn("cluster: reconcile", "err", err)
+				} else {
+					nextReconcile = time.Now().Add(c.cfg.Reconcile)
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-refresh.C:
+		}
+	}
+}
+
+// register writes the node's record under its lease, granting a new
+// lease when it has none or the old one expired.
+func (c *Cluster) register(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	c.mu.Lock()
+	lease := c.lease
+	draining := c.draining
+	c.mu.Unlock()
+	if lease != 0 {
+		// A keep-alive per refresh: a lost lease (etcd away longer than
+		// the TTL) shows here as ErrLeaseNotFound, and a new one is taken.
+		if _, err := c.cli.KeepAliveOnce(cctx, lease); err != nil {
+			if !isLeaseGone(err) {
+				return fmt.Errorf("renew lease: %w", err)
+			}
+			c.log.Warn("cluster: lease expired; registering again", "node", c.cfg.Name)
+			lease = 0
+		}
+	}
+	if lease == 0 {
+		g, err := c.cli.Grant(cctx, int64(c.cfg.LeaseTTL/time.Second))
+		if err != nil {
+			return fmt.Errorf("grant lease: %w", err)
+		}
+		lease = g.ID
+		c.mu.Lock()
+		c.lease = lease
+		c.mu.Unlock()
+	}
+	load := c.cfg.Local.Load(cctx)
+	load.Draining = load.Draining || draining
+	n := Node{Name: c.cfg.Name, URL: c.cfg.URL, Version: c.cfg.Version, Started: c.started,
+		Updated: time.Now().UTC().Truncate(time.Millisecond), Load: load}
+	b, err := json.Marshal(n)
+	if err != nil {
+		return err
+	}
+	if _, err := c.cli.Put(cctx, c.nodeKey(c.cfg.Name), string(b), clientv3.WithLease(lease)); err != nil {
+		if isLeaseGone(err) {
+			c.mu.Lock()
+			c.lease = 0
+			c.mu.Unlock()
+		}
+		return fmt.Errorf("register node: %w", err)
+	}
+	return nil
+}
+
+func isLeaseGone(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "requested lease not found")
+}
+
+func (c *Cluster) setProblem(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	was := c.problem
+	c.problem = err.Error()
+	if was == "" {
+		c.log.Warn("cluster: degraded", "err", err)
+	}
+}
+
+func (c *Cluster) setOK() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.problem != "" && c.registered {
+		c.log.Info("cluster: etcd reachable again", "node", c.cfg.Name)
+	}
+	c.registered = true
+	c.problem = ""
+	c.lastOK = time.Now()
+}
+
+// Degraded says why this node cannot act for the cluster now (etcd
+// unreachable, no quorum, not registered), or "" when it can.
+func (c *Cluster) Degraded() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.problem != "" {
+		return c.problem
+	}
+	if !c.synced {
+		return "the cluster's state is not loaded yet"
+	}
+	return ""
+}
+
+// Drain marks this node as taking no new sandboxes (true) or taking them
+// again; the others see it at the next refresh.
+func (c *Cluster) Drain(on bool) {
+	c.mu.Lock()
+	c.draining = on
+	c.mu.Unlock()
+}
+
+// Draining reports whether this node is draining.
+func (c *Cluster) Draining() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining
+}
+
+// watchLoop loads a prefix and follows it, starting again from a fresh
+// load whenever the watch breaks (etcd away, compaction).
+func (c *Cluster) watchLoop(ctx context.Context, sub string, apply func(key string, val []byte), reset func(map[string][]byte)) {
+	prefix := c.cfg.Prefix + sub
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		resp, err := c.cli.Get(cctx, prefix, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			c.setProblem(fmt.Errorf("load %s: %w", sub, err))
+			sleepCtx(ctx, time.Second)
+			continue
+		}
+		all := make(map[string][]byte, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			all[strings.TrimPrefix(string(kv.Key), prefix)] = kv.Value
+		}
+		reset(all)
+		c.mu.Lock()
+		c.synced = true
+		c.mu.Unlock()
+		if c.cfg.Local == nil {
+			c.setOK() // a reader has no registration to say so
+		}
+		wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		wch := c.cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				c.log.Debug("cluster: watch ended", "prefix", sub, "err", err)
+				break
+			}
+			for _, ev := range wr.Events {
+				key := strings.TrimPrefix(string(ev.Kv.Key), prefix)
+				if ev.Type == clientv3.EventTypeDelete {
+					apply(key, nil)
+				} else {
+					apply(key, ev.Kv.Value)
+				}
+			}
+			c.mu.Lock()
+			c.watchRevs += int64(len(wr.Events))
+			c.mu.Unlock()
+		}
+		wcancel()
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+func (c *Cluster) applyNode(name string, val []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if val == nil {
+		delete(c.nodes, name)
+		delete(c.pending, name)
+		return
+	}
+	var n Node
+	if err := json.Unmarshal(val, &n); err != nil || n.Name != name {
+		c.log.Warn("cluster: bad node record", "node", name, "err", err)
+		return
+	}
+	c.nodes[name] = n
+	c.pending[name] = 0
+}
+
+func (c *Cluster) resetNodes(all map[string][]byte) {
+	c.mu.Lock()
+	c.nodes = map[string]Node{}
+	c.mu.Unlock()
+	for k, v := range all {
+		c.applyNode(k, v)
+	}
+}
+
+func (c *Cluster) applyEntry(id string, val []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if val == nil {
+		delete(c.catalog, id)
+		return
+	}
+	var e Entry
+	if err := json.Unmarshal(val, &e); err != nil || e.ID != id {
+		c.log.Warn("cluster: bad catalog entry", "sandbox", id, "err", err)
+		return
+	}
+	c.catalog[id] = e
+}
+
+func (c *Cluster) resetCatalog(all map[string][]byte) {
+	c.mu.Lock()
+	c.catalog = make(map[string]Entry, len(all))
+	c.mu.Unlock()
+	for k, v := range all {
+		c.applyEntry(k, v)
+	}
+}
+
+// Nodes lists the live members, by name.
+func (c *Cluster) Nodes() []Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]Node, 0, len(c.nodes))
+	for _, n := range c.nodes {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Node returns a live member by name.
+func (c *Cluster) Node(name string) (Node, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, ok := c.nodes[name]
+	return n, ok
+}
+
+// Location is where a sandbox is.
+type Location struct {
+	Entry
+	// Alive is false when the sandbox's node is not a member: its lease
+	// expired, so its sandboxes are lost until it comes back.
+	Alive bool
+	// URL is the node's API when Alive.
+	URL string
+}
+
+// Locate finds sandbox id in the catalog: from the watched copy, or from
+// etcd for one created a moment ago that the watch has not brought yet.
+// found is false for an id the catalog does not hold.
+func (c *Cluster) Locate(ctx context.Context, id string) (loc Location, found bool, err error) {
+	c.mu.Lock()
+	e, ok := c.catalog[id]
+	c.mu.Unlock()
+	if !ok {
+		cctx, cancel := context.WithTimeout(ctx, callTimeout)
+		resp, gerr := c.cli.Get(cctx, c.entryKey(id))
+		cancel()
+		if gerr != nil {
+			return Location{}, false, fmt.Errorf("%w: %v", ErrUnavailable, gerr)
+		}
+		if len(resp.Kvs) == 0 {
+			return Location{}, false, nil
+		}
+		if err := json.Unmarshal(resp.Kvs[0].Value, &e); err != nil {
+			return Location{}, false, fmt.Errorf("catalog entry %s: %w", id, err)
+		}
+	}
+	c.mu.Lock()
+	n, alive := c.nodes[e.Node]
+	c.mu.Unlock()
+	return Location{Entry: e, Alive: alive, URL: n.URL}, true, nil
+}
+
+// Entries returns the catalog's entries that keep returns true for.
+func (c *Cluster) Entries(keep func(Entry) bool) []Entry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []Entry
+	for _, e := range c.catalog {
+		if keep == nil || keep(e) {
+			out = append(out, e)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Put writes one of this node's sandboxes to the catalog at once (after
+// a create); Reconcile would bring it within its period anyway.
+func (c *Cluster) Put(ctx context.Context, e Entry) error {
+	e.Node = c.cfg.Name
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if _, err := c.cli.Put(cctx, c.entryKey(e.ID), string(b)); err != nil {
+		return fmt.Errorf("%w: put %s: %v", ErrUnavailable, e.ID, err)
+	}
+	c.mu.Lock()
+	c.catalog[e.ID] = e
+	c.mu.Unlock()
+	return nil
+}
+
+// Remove deletes one of this node's sandboxes from the catalog, unless
+// another node holds its entry now.
+func (c *Cluster) Remove(ctx context.Context, id string) error {
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	if err := c.removeIfMine(cctx, id); err != nil {
+		return fmt.Errorf("%w: remove %s: %v", ErrUnavailable, id, err)
+	}
+	c.mu.Lock()
+	if e, ok := c.catalog[id]; ok && e.Node == c.cfg.Name {
+		delete(c.catalog, id)
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *Cluster) removeIfMine(ctx context.Context, id string) error {
+	key := c.entryKey(id)
+	resp, err := c.cli.Get(ctx, key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return err
+	}
+	var e Entry
+	if json.Unmarshal(resp.Kvs[0].Value, &e) == nil && e.Node != c.cfg.Name {
+		return nil
+	}
+	_, err = c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).
+		Then(clientv3.OpDelete(key)).Commit()
+	return err
+}
+
+// Reconcile makes the catalog's entries of this node what its store
+// holds: entries of sandboxes it has are written where they differ, and
+// entries of sandboxes it no longer has are deleted. It returns how many
+// were written and deleted.
+func (c *Cluster) Reconcile(ctx context.Context) error {
+	_, _, err := c.reconcile(ctx)
+	return err
+}
+
+func (c *Cluster) reconcile(ctx context.Context) (put, deleted int, err error) {
+	local := c.cfg.Local.Sandboxes(ctx)
+	have := make(map[string]bool, len(local))
+	c.mu.Lock()
+	var stale []string
+	var changed []Entry
+	for _, e := range local {
+		e.Node = c.cfg.Name
+		have[e.ID] = true
+		if old, ok := c.catalog[e.ID]; !ok || !old.same(e) {
+			changed = append(changed, e)
+		}
+	}
+	for id, e := range c.catalog {
+		if e.Node == c.cfg.Name && !have[id] {
+			stale = append(stale, id)
+		}
+	}
+	c.mu.Unlock()
+	var errs []error
+	for _, e := range changed {
+		if err := c.Put(ctx, e); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		put++
+	}
+	for _, id := range stale {
+		if err := c.Remove(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		deleted++
+	}
+	if put+deleted > 0 {
+		c.log.Debug("cluster: catalog reconciled", "node", c.cfg.Name, "written", put, "deleted", deleted)
+	}
+	return put, deleted, errors.Join(errs...)
+}
+
+// Place chooses nodes for a new sandbox of backend ("" for any): K live,
+// undrained members with a free slot that offer the backend, drawn at
+// random, best first (most free slots, then most free memory). The first
+// is the choice; the rest are where to try next when it refuses. It
+// needs the cluster: ErrUnavailable while this node is degraded.
+func (c *Cluster) Place(backend string) ([]Node, error) {
+	if why := c.Degraded(); why != "" {
+		return nil, fmt.Errorf("%w (%s)", ErrUnavailable, why)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var fit []Node
+	for _, n := range c.nodes {
+		if n.Draining || n.URL == "" || n.MaxSandboxes-n.Live-c.pending[n.Name] <= 0 {
+			continue
+		}
+		if backend != "" && !slices.Contains(n.Backends, backend) {
+			continue
+		}
+		fit = append(fit, n)
+	}
+	rand.Shuffle(len(fit), func(i, j int) { fit[i], fit[j] = fit[j], fit[i] })
+	if len(fit) > c.cfg.Candidates {
+		fit = fit[:c.cfg.Candidates]
+	}
+	free := func(n Node) int { return n.MaxSandboxes - n.Live - c.pending[n.Name] }
+	sort.SliceStable(fit, func(i, j int) bool {
+		if fi, fj := free(fit[i]), free(fit[j]); fi != fj {
+			return fi > fj
+		}
+		return fit[i].FreeMemoryMB > fit[j].FreeMemoryMB
+	})
+	if len(fit) > 0 {
+		// Until the node's next record counts it, the sandbox placed
+		// there now is counted here, so a burst of creates spreads.
+		c.pending[fit[0].Name]++
+	}
+	return fit, nil
+}
+
+// Stats are figures of this node's view, for metrics and the simulation.
+type Stats struct {
+	Nodes, Entries int
+	// WatchEvents counts the events both watches brought.
+	WatchEvents int64
+}
+
+// Stats returns figures of this node's view.
+func (c *Cluster) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Stats{Nodes: len(c.nodes), Entries: len(c.catalog), WatchEvents: c.watchRevs}
+}

@@ -1,0 +1,268 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/cluster/etcdtest"
+)
+
+// fakeLocal is a node's store in these tests: the cluster code is
+// driver-agnostic, so no sandbox runs.
+type fakeLocal struct {
+	mu      sync.Mutex
+	load    Load
+	entries map[string]Entry
+}
+
+func newFakeLocal(max int, backends ...string) *fakeLocal {
+	return &fakeLocal{load: Load{Backends: backends, MaxSandboxes: max, FreeMemoryMB: 1000}, entries: map[string]Entry{}}
+}
+
+func (f *fakeLocal) Load(context.Context) Load {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.load
+	l.Live = len(f.entries)
+	return l
+}
+
+func (f *fakeLocal) Sandboxes(context.Context) []Entry {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []Entry
+	for _, e := range f.entries {
+		out = append(out, e)
+	}
+	return out
+}
+
+func (f *fakeLocal) add(e Entry) {
+	f.mu.Lock()
+	f.entries[e.ID] = e
+	f.mu.Unlock()
+}
+
+func (f *fakeLocal) remove(id string) {
+	f.mu.Lock()
+	delete(f.entries, id)
+	f.mu.Unlock()
+}
+
+// node is one Cluster run by a test.
+type node struct {
+	*Cluster
+	local  *fakeLocal
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startNode(t *testing.T, endpoints []string, name string, local *fakeLocal, ttl time.Duration) *node {
+	t.Helper()
+	c, err := New(Config{Endpoints: endpoints, Name: name, URL: "http://" + name + ".test", Version: "test",
+		LeaseTTL: ttl, Local: local, Refresh: 200 * time.Millisecond, Reconcile: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &node{Cluster: c, local: local, cancel: cancel, done: make(chan struct{})}
+	go func() { defer close(n.done); _ = c.Run(ctx) }()
+	t.Cleanup(n.stop)
+	return n
+}
+
+// stop ends the node as a crash would: its lease is left to expire.
+func (n *node) stop() {
+	n.cancel()
+	<-n.done
+	_ = n.cli.Close()
+}
+
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestMembershipCatalogAndLoss(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor", "runc"), 2*time.Second)
+	b := startNode(t, etcd.Endpoints(), "b", newFakeLocal(4, "gvisor"), 2*time.Second)
+	waitUntil(t, 10*time.Second, "both nodes in both views", func() bool {
+		return len(a.Nodes()) == 2 && len(b.Nodes()) == 2 && a.Degraded() == "" && b.Degraded() == ""
+	})
+	if n, _ := a.Node("b"); n.URL != "http://b.test" || n.MaxSandboxes != 4 || n.Version != "test" {
+		t.Fatalf("a sees b as %+v", n)
+	}
+
+	// A sandbox on b is found from a, via the watch or etcd.
+	now := time.Now().UTC().Truncate(time.Second)
+	e := Entry{ID: "sb1", State: "running", Owner: "key-1", Backend: "gvisor", Created: now, Sandbox: []byte(`{"id":"sb1","state":"running"}`)}
+	b.local.add(e)
+	if err := b.Put(context.Background(), e); err != nil {
+		t.Fatal(err)
+	}
+	loc, found, err := a.Locate(context.Background(), "sb1")
+	if err != nil || !found || loc.Node != "b" || !loc.Alive || loc.URL != "http://b.test" {
+		t.Fatalf("Locate(sb1) from a = %+v, %v, %v", loc, found, err)
+	}
+	if _, found, err := a.Locate(context.Background(), "nosuch"); err != nil || found {
+		t.Fatalf("Locate(nosuch) = found %v, %v", found, err)
+	}
+
+	// Reconcile: b's store has one more and has lost sb1.
+	b.local.add(Entry{ID: "sb2", State: "starting", Created: now})
+	b.local.remove("sb1")
+	waitUntil(t, 5*time.Second, "the catalog to follow b's store", func() bool {
+		_, f1, _ := a.Locate(context.Background(), "sb1")
+		l2, f2, _ := a.Locate(context.Background(), "sb2")
+		return !f1 && f2 && l2.State == "starting"
+	})
+	b.local.add(Entry{ID: "sb2", State: "running", Created: now})
+	waitUntil(t, 5*time.Second, "sb2's state change in a's view", func() bool {
+		l, _, _ := a.Locate(context.Background(), "sb2")
+		return l.State == "running"
+	})
+
+	// b dies without a word: within the lease (2 s, plus the refresh),
+	// a sees its sandbox lost, and places nothing there.
+	b.stop()
+	took := waitUntil(t, 10*time.Second, "sb2 lost", func() bool {
+		l, found, _ := a.Locate(context.Background(), "sb2")
+		return found && !l.Alive
+	})
+	t.Logf("b's sandbox seen lost %v after b stopped (lease 2 s)", took)
+	for range 3 { // a has 4 slots; each placement holds one until a's next record
+		nodes, err := a.Place("")
+		if err != nil || len(nodes) != 1 || nodes[0].Name != "a" {
+			t.Fatalf("Place with b gone = %+v, %v", nodes, err)
+		}
+	}
+
+	// b comes back with the same store: its entry is its own again.
+	b2 := startNode(t, etcd.Endpoints(), "b", b.local, 2*time.Second)
+	waitUntil(t, 10*time.Second, "sb2 alive again", func() bool {
+		l, found, _ := a.Locate(context.Background(), "sb2")
+		return found && l.Alive && b2.Degraded() == ""
+	})
+}
+
+func TestPlace(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(10, "gvisor", "runc"), 5*time.Second)
+	b := startNode(t, etcd.Endpoints(), "b", newFakeLocal(10, "gvisor"), 5*time.Second)
+	c := startNode(t, etcd.Endpoints(), "c", newFakeLocal(0, "gvisor"), 5*time.Second)
+	waitUntil(t, 10*time.Second, "three nodes", func() bool { return len(a.Nodes()) == 3 && a.Degraded() == "" })
+	_ = b
+	_ = c
+
+	// runc only on a; c has no room.
+	for range 5 {
+		nodes, err := a.Place("runc")
+		if err != nil || len(nodes) != 1 || nodes[0].Name != "a" {
+			t.Fatalf("Place(runc) = %+v, %v", nodes, err)
+		}
+	}
+	// A burst of gvisor creates spreads over a and b by the pending
+	// counts, though no record changed meanwhile.
+	counts := map[string]int{}
+	for range 10 {
+		nodes, err := a.Place("gvisor")
+		if err != nil || len(nodes) == 0 {
+			t.Fatalf("Place(gvisor) = %+v, %v", nodes, err)
+		}
+		if nodes[0].Name == "c" {
+			t.Fatal("placed on c, which has no room")
+		}
+		counts[nodes[0].Name]++
+	}
+	if counts["a"] == 0 || counts["b"] == 0 {
+		t.Fatalf("a burst of 10 went %v; want both a and b", counts)
+	}
+	if nodes, err := a.Place("firecracker"); err != nil || len(nodes) != 0 {
+		t.Fatalf("Place(firecracker) = %+v, %v; want no node", nodes, err)
+	}
+	a.Drain(true)
+	waitUntil(t, 5*time.Second, "a draining in its record", func() bool { n, _ := a.Node("a"); return n.Draining })
+	for range 10 {
+		nodes, err := a.Place("gvisor")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range nodes {
+			if n.Name == "a" {
+				t.Fatal("placed on a draining node")
+			}
+		}
+	}
+}
+
+func TestQuorumLoss(t *testing.T) {
+	etcd := etcdtest.Start(t, 3)
+	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 3*time.Second)
+	b := startNode(t, etcd.Endpoints(), "b", newFakeLocal(4, "gvisor"), 3*time.Second)
+	e := Entry{ID: "sb1", State: "running", Created: time.Now().UTC()}
+	b.local.add(e)
+	waitUntil(t, 10*time.Second, "sb1 in a's view", func() bool {
+		l, found, _ := a.Locate(context.Background(), "sb1")
+		return found && l.Alive && a.Degraded() == ""
+	})
+
+	// One member down: nothing changes.
+	etcd.Stop(0)
+	time.Sleep(3 * time.Second)
+	if why := a.Degraded(); why != "" {
+		t.Fatalf("degraded with 2 of 3 members: %s", why)
+	}
+	if _, err := a.Place("gvisor"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Two down: no quorum. Both nodes say so, placement refuses, and the
+	// catalog a already holds still locates b's sandbox.
+	etcd.Stop(1)
+	waitUntil(t, 15*time.Second, "a degraded", func() bool { return a.Degraded() != "" })
+	t.Logf("a says: %s", a.Degraded())
+	if _, err := a.Place("gvisor"); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("Place without quorum = %v, want ErrUnavailable", err)
+	}
+	if l, found, _ := a.Locate(context.Background(), "sb1"); !found || l.Node != "b" {
+		t.Fatalf("Locate without quorum = %+v, %v", l, found)
+	}
+
+	// Meanwhile b's store changed; once the members are back the catalog
+	// converges.
+	b.local.add(Entry{ID: "sb2", State: "running", Created: time.Now().UTC()})
+	b.local.remove("sb1")
+	etcd.StartNoWait(0)
+	etcd.StartNoWait(1)
+	took := waitUntil(t, 30*time.Second, "the catalog to converge", func() bool {
+		_, f1, _ := a.Locate(context.Background(), "sb1")
+		l2, f2, _ := a.Locate(context.Background(), "sb2")
+		return a.Degraded() == "" && b.Degraded() == "" && !f1 && f2 && l2.Alive
+	})
+	t.Logf("converged %v after the members were started again", took)
+}
+
+func TestConfigRejects(t *testing.T) {
+	for _, cfg := range []Config{
+		{Name: "a"},
+		{Endpoints: []string{"http://127.0.0.1:1"}},
+		{Endpoints: []string{"http://127.0.0.1:1"}, Name: "a/b"},
+		{Endpoints: []string{"http://127.0.0.1:1"}, Name: "a", LeaseTTL: time.Second},
+	} {
+		if c, err := New(cfg); err == nil {
+			c.Close(context.Background())
+			t.Errorf("New(%+v) accepted", cfg)
+		}
+	}
+}
