@@ -24,6 +24,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/apikey"
+	"github.com/cubicle-dev/cubicle/internal/cluster"
 	"github.com/cubicle-dev/cubicle/internal/dataplane"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/firecracker"
@@ -108,12 +109,18 @@ func run() error {
 		tlsCert        = fs.String("tls-cert", "", "certificate (PEM, chain) for --tls-listen; a wildcard *.<e2b-domain> for E2B host routing (CUBICLE_TLS_CERT)")
 		tlsKey         = fs.String("tls-key", "", "private key (PEM) for --tls-listen (CUBICLE_TLS_KEY)")
 		showVersion    = fs.Bool("version", false, "print the version and exit")
+		cf             clusterFlags
 	)
 	var pools []sandbox.PoolSpec
 	fs.Var(poolsValue{&pools}, "pool", "warm pools of booted desktops that creates take instead of booting: [backend/]template:WIDTHxHEIGHT=SIZE, comma-separated or repeated, e.g. gvisor/desktop:1024x768=4 (CUBICLE_POOL)")
 	fs.Var(levelValue{&level}, "log-level", "debug, info, warn or error (CUBICLE_LOG_LEVEL)")
 	fs.Var(prefixValue{&netCIDR}, "net-cidr", "IPv4 network sandboxes get addresses from; its first address is the bridge/gateway (CUBICLE_NET_CIDR)")
 	fs.Var(addrsValue{&netDNS}, "net-dns", "comma-separated DNS servers for sandboxes; reachable only under a sandbox's egress policy (CUBICLE_NET_DNS)")
+	fs.StringVar(&cf.etcd, "cluster-etcd", "", "cluster mode: comma-separated etcd client URLs; nodes with the same etcd and API keys serve as one (README \"A cluster\"); empty = a single host (CUBICLE_CLUSTER_ETCD)")
+	fs.StringVar(&cf.name, "node-name", "", "cluster mode: this node's name, unique in the cluster; default: the host name (CUBICLE_NODE_NAME)")
+	fs.StringVar(&cf.advertise, "advertise-url", "", "cluster mode: http(s)://host:port the other nodes reach this node's API at; default: the --listen address when it names one (CUBICLE_ADVERTISE_URL)")
+	fs.DurationVar(&cf.leaseTTL, "lease-ttl", cluster.DefaultLeaseTTL, "cluster mode: a node silent this long leaves the cluster and its sandboxes show as lost, at least 2s (CUBICLE_LEASE_TTL)")
+	fs.IntVar(&cf.candidates, "placement-candidates", cluster.DefaultCandidates, "cluster mode: a create goes to the best (most free slots, then memory) of this many nodes drawn at random (CUBICLE_PLACEMENT_CANDIDATES)")
 	conf, err := parseConfig(fs, os.Args[1:], os.Getenv)
 	if *showVersion && err == nil {
 		fmt.Println(version)
@@ -152,6 +159,12 @@ func run() error {
 	}
 	if *recMax < time.Second {
 		return fmt.Errorf("%s: want at least 1s", conf.origin("recording-max-duration"))
+	}
+	if cf.leaseTTL < 2*time.Second {
+		return fmt.Errorf("%s: want at least 2s", conf.origin("lease-ttl"))
+	}
+	if cf.candidates < 1 {
+		return fmt.Errorf("%s: want at least 1", conf.origin("placement-candidates"))
 	}
 	if *maxVolumeMB < sandbox.MinVolumeMB {
 		return fmt.Errorf("%s: want at least %d MiB", conf.origin("max-volume-mb"), sandbox.MinVolumeMB)
@@ -290,6 +303,16 @@ func run() error {
 		Version:      version,
 		Log:          log,
 	})
+	clu, stopCluster, err := startCluster(ctx, cf, ln.Addr(), mgr, m, log)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("cluster: %w", err)
+	}
+	defer stopCluster()
+	var apiCluster api.Cluster
+	if clu != nil {
+		apiCluster = clu
+	}
 	handler := api.New(api.Config{
 		APIKeys:        keys,
 		InFlight:       inFlight,
@@ -302,6 +325,8 @@ func run() error {
 		Context:        ctx,
 		Mounts:         mounts,
 		MCP:            mcpHandler,
+		Cluster:        apiCluster,
+		MaxPerOwner:    *keyMax,
 	}, mgr, m, log)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	// The settings that shape every sandbox, so an operator (and the

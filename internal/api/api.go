@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,6 +175,13 @@ type Config struct {
 	// MCP serves POST /mcp (MCP over Streamable HTTP, internal/mcp) once
 	// the API key is checked; nil answers 404 there.
 	MCP http.Handler
+	// Cluster joins this node to a cluster (internal/cluster): creates
+	// are placed on any node, a sandbox of another node is served
+	// through this one, lists span the cluster. nil on a single host.
+	Cluster Cluster
+	// MaxPerOwner is the live sandboxes one API key may have across the
+	// cluster (cluster mode; each node's manager also bounds its own).
+	MaxPerOwner int
 }
 
 // Mount is a handler the daemon also serves on its port. It gets the
@@ -398,6 +406,9 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 		h := rt.handler
 		if rt.agent {
 			h = s.limited(h)
+		}
+		if strings.Contains(rt.pattern, "{id}") {
+			h = s.clustered(h)
 		}
 		s.mux.HandleFunc(rt.pattern, h)
 		s.auth[rt.pattern] = rt.auth

@@ -21,6 +21,7 @@ var (
 		sandbox.StateStarting: true, sandbox.StateRunning: true, sandbox.StateStopping: true,
 		sandbox.StateStopped: true, sandbox.StateFailed: true,
 		sandbox.StatePausing: true, sandbox.StatePaused: true, sandbox.StateResuming: true,
+		sandbox.StateLost: true,
 	}
 )
 
@@ -169,10 +170,17 @@ func (s *server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req.Owner = s.keys.Owner(r)
+	if s.clusterCreate(w, r, req, body) {
+		return
+	}
 	sb, err := s.mgr.Create(r.Context(), req, wait)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
+	}
+	if s.cfg.Cluster != nil {
+		sb.Node = s.cfg.Cluster.Name()
+		s.catalogPut(r.Context(), sb, req.Owner)
 	}
 	w.Header().Set("Location", "/v1/sandboxes/"+sb.ID)
 	writeJSON(w, http.StatusCreated, sb)
@@ -185,7 +193,7 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		case k == "state":
 			st := sandbox.State(vs[0])
 			if len(vs) != 1 || !states[st] {
-				s.writeError(w, r, invalidf("state must be one of starting, running, stopping, stopped, failed"))
+				s.writeError(w, r, invalidf("state must be one of starting, running, pausing, paused, resuming, stopping, stopped, failed, lost"))
 				return
 			}
 			f.State = st
@@ -201,7 +209,13 @@ func (s *server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 			f.Metadata[key] = vs[0]
 		}
 	}
-	list := s.mgr.List(r.Context(), f)
+	var list []sandbox.Sandbox
+	if f.State != sandbox.StateLost {
+		list = s.mgr.List(r.Context(), f)
+	}
+	if s.cfg.Cluster != nil {
+		list = s.clusterList(r, list, f)
+	}
 	if list == nil {
 		list = []sandbox.Sandbox{}
 	}
@@ -221,6 +235,9 @@ func (s *server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if s.cfg.Cluster != nil {
+		sb.Node = s.cfg.Cluster.Name()
+	}
 	writeJSON(w, http.StatusOK, sb)
 }
 
@@ -234,6 +251,7 @@ func (s *server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	s.catalogRemove(r.Context(), id)
 	w.WriteHeader(http.StatusNoContent)
 }
 

@@ -13,6 +13,14 @@ import (
 var openAPIDoc []byte
 
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	if c := s.cfg.Cluster; c != nil {
+		// Degraded is still 200: the node serves its own sandboxes, and
+		// a load balancer that dropped it would cut them off.
+		if why := c.Degraded(); why != "" {
+			writeJSON(w, http.StatusOK, map[string]string{"status": "degraded", "reason": "cluster: " + why})
+			return
+		}
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
@@ -30,6 +38,8 @@ type infoResponse struct {
 	DefaultBackend string                `json:"default_backend"`
 	Capacity       sandbox.Capacity      `json:"capacity"`
 	Pools          []sandbox.PoolInfo    `json:"pools"`
+	// Cluster is this node's view of the cluster; absent on a single host.
+	Cluster *clusterInfo `json:"cluster,omitempty"`
 }
 
 func (s *server) info(w http.ResponseWriter, r *http.Request) {
@@ -43,5 +53,6 @@ func (s *server) info(w http.ResponseWriter, r *http.Request) {
 		DefaultBackend: s.mgr.DefaultBackend(),
 		Capacity:       s.mgr.Capacity(),
 		Pools:          s.mgr.Pools(),
+		Cluster:        s.clusterInfo(),
 	})
 }

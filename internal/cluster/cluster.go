@@ -202,20 +202,10 @@ func New(cfg Config) (*Cluster, error) {
 	}, nil
 }
 
-// Close closes the etcd client. The node's lease is revoked first when
-// ctx allows, so the others see it leave at once rather than after its
-// TTL.
-func (c *Cluster) Close(ctx context.Context) error {
-	c.mu.Lock()
-	lease := c.lease
-	c.mu.Unlock()
-	if lease != 0 {
-		cctx, cancel := context.WithTimeout(ctx, callTimeout)
-		_, _ = c.cli.Revoke(cctx, lease)
-		cancel()
-	}
-	return c.cli.Close()
-}
+// Close closes the etcd client. The node's lease is not revoked: a node
+// restarted (a rolling upgrade) within its TTL never shows its sandboxes
+// lost; one that stays away loses them when the lease runs out.
+func (c *Cluster) Close() error { return c.cli.Close() }
 
 // Name is this node's name.
 func (c *Cluster) Name() string { return c.cfg.Name }

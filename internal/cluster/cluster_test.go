@@ -261,7 +261,7 @@ func TestConfigRejects(t *testing.T) {
 		{Endpoints: []string{"http://127.0.0.1:1"}, Name: "a", LeaseTTL: time.Second},
 	} {
 		if c, err := New(cfg); err == nil {
-			c.Close(context.Background())
+			c.Close()
 			t.Errorf("New(%+v) accepted", cfg)
 		}
 	}

@@ -38,6 +38,13 @@ type Metrics struct {
 	// Sandboxes' own figures (CPU, memory, disk, network), one series
 	// per running sandbox; the manager sets its source.
 	SandboxUsage *SandboxCollector
+	// Cluster mode: requests passed to another node (node), this node's
+	// view of the cluster (nodes live, catalog entries) and whether it
+	// can reach etcd.
+	ClusterProxied  *prometheus.CounterVec
+	ClusterNodes    prometheus.Gauge
+	ClusterEntries  prometheus.Gauge
+	ClusterDegraded prometheus.Gauge
 }
 
 // fastBuckets resolve the millisecond range where clicks and screenshots live.
@@ -121,6 +128,18 @@ func New() *Metrics {
 			Name: "cubicle_recordings_total", Help: "Screen recordings ended, by outcome: stopped (the file is complete) or failed.",
 		}, []string{"state"}),
 		SandboxUsage: newSandboxCollector(),
+		ClusterProxied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "cubicle_cluster_forwarded_total", Help: "Requests this node passed to the node holding their sandbox (or chosen for a create), by node.",
+		}, []string{"node"}),
+		ClusterNodes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_cluster_nodes", Help: "Live members of the cluster, as this node sees them (0 on a single host).",
+		}),
+		ClusterEntries: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_cluster_catalog_entries", Help: "Sandboxes in the cluster's catalog, as this node sees it.",
+		}),
+		ClusterDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "cubicle_cluster_degraded", Help: "1 while this node cannot reach a quorum of etcd (it serves its own sandboxes only).",
+		}),
 	}
 	m.Registry.MustRegister(
 		m.Sandboxes, m.Capacity, m.CreateDuration, m.CreateFailures,
@@ -130,6 +149,7 @@ func New() *Metrics {
 		m.ViewConnections, m.ViewBytes, m.ViewInputDropped, m.InFlightRefused,
 		m.PoolReady, m.PoolClaims, m.ClaimDuration, m.SandboxUsage,
 		m.RecordingsActive, m.Recordings,
+		m.ClusterProxied, m.ClusterNodes, m.ClusterEntries, m.ClusterDegraded,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)

@@ -1196,6 +1196,19 @@ func (m *Manager) List(ctx context.Context, f Filter) []Sandbox {
 	return out
 }
 
+// Owners returns the owner (CreateRequest.Owner) of every sandbox the
+// manager holds, by ID: the cluster catalog records it, so that per-key
+// quotas count a key's sandboxes on every node.
+func (m *Manager) Owners() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]string, len(m.entries))
+	for id, e := range m.entries {
+		out[id] = e.rec.Request.Owner
+	}
+	return out
+}
+
 // SetTimeout sets a running sandbox's expiry to seconds from now (0 = the
 // daemon's maximum lifetime), never beyond the maximum lifetime from now.
 func (m *Manager) SetTimeout(ctx context.Context, id string, seconds int) (Sandbox, error) {

@@ -20,6 +20,10 @@ const (
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 	StateFailed   State = "failed"
+	// StateLost is never a manager's: in cluster mode the API answers it
+	// for a sandbox whose node stopped renewing its membership, until
+	// the node comes back (running again) or its sandbox is gone.
+	StateLost State = "lost"
 )
 
 // Resolution is a screen size in pixels.
@@ -105,6 +109,9 @@ type Sandbox struct {
 	AutoPause bool `json:"auto_pause,omitempty"`
 	// FromSnapshot is the snapshot the sandbox was started from, if any.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Node is the cluster node the sandbox runs on; empty on a single
+	// host.
+	Node string `json:"node,omitempty"`
 }
 
 // Filter selects sandboxes in List; zero fields match everything.

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/cluster"
+	"github.com/cubicle-dev/cubicle/internal/metrics"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// clusterFlags are the settings of cluster mode.
+type clusterFlags struct {
+	etcd       string
+	name       string
+	advertise  string
+	leaseTTL   time.Duration
+	candidates int
+}
+
+// clusterNode is this node's part of a cluster: the store of the
+// catalog's truth (the manager) seen through cluster.Local.
+type clusterNode struct {
+	mgr *sandbox.Manager
+}
+
+// Load is the node's capacity and load, for placement.
+func (n clusterNode) Load(ctx context.Context) cluster.Load {
+	var l cluster.Load
+	for _, b := range n.mgr.Backends(ctx) {
+		if b.Available {
+			l.Backends = append(l.Backends, b.Name)
+		}
+	}
+	c := n.mgr.Capacity()
+	l.MaxSandboxes, l.Live = c.MaxSandboxes, c.Running
+	l.FreeMemoryMB = availableMemoryMB()
+	for _, p := range n.mgr.Pools() {
+		if l.Pools == nil {
+			l.Pools = map[string]int{}
+		}
+		l.Pools[p.Pool] = p.Ready
+	}
+	return l
+}
+
+// Sandboxes are the node's sandboxes as catalog entries; stopped and
+// failed ones are left out (they are gone for the cluster).
+func (n clusterNode) Sandboxes(ctx context.Context) []cluster.Entry {
+	owners := n.mgr.Owners()
+	var out []cluster.Entry
+	for _, sb := range n.mgr.List(ctx, sandbox.Filter{}) {
+		if sb.State == sandbox.StateStopped || sb.State == sandbox.StateFailed {
+			continue
+		}
+		e, err := api.CatalogEntry(sb, owners[sb.ID])
+		if err != nil {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// availableMemoryMB reads MemAvailable from /proc/meminfo; 0 when it
+// cannot.
+func availableMemoryMB() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// advertiseURL is the URL other nodes reach this one at: the flag, or
+// the listener's own address when it names one.
+func advertiseURL(flagValue string, ln net.Addr) (string, error) {
+	if flagValue != "" {
+		u, err := url.Parse(flagValue)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+			return "", fmt.Errorf("want http(s)://host:port, not %q", flagValue)
+		}
+		return strings.TrimSuffix(flagValue, "/"), nil
+	}
+	tcp, ok := ln.(*net.TCPAddr)
+	if !ok || tcp.IP.IsUnspecified() {
+		return "", fmt.Errorf("the API listens on every address (%s): say which one the other nodes reach it at", ln)
+	}
+	return "http://" + tcp.String(), nil
+}
+
+// startCluster joins the cluster when --cluster-etcd is set; nil without
+// it (a single host).
+func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox.Manager, m *metrics.Metrics, log *slog.Logger) (*cluster.Cluster, func(), error) {
+	if f.etcd == "" {
+		return nil, func() {}, nil
+	}
+	var endpoints []string
+	for _, e := range strings.Split(f.etcd, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			endpoints = append(endpoints, e)
+		}
+	}
+	adv, err := advertiseURL(f.advertise, ln)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--advertise-url: %w", err)
+	}
+	name := f.name
+	if name == "" {
+		if name, err = os.Hostname(); err != nil {
+			return nil, nil, fmt.Errorf("--node-name: %w", err)
+		}
+	}
+	c, err := cluster.New(cluster.Config{
+		Endpoints: endpoints, Name: name, URL: adv, Version: version,
+		LeaseTTL: f.leaseTTL, Candidates: f.candidates,
+		Local: clusterNode{mgr: mgr}, Log: log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(cctx) }()
+	go func() {
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			st := c.Stats()
+			m.ClusterNodes.Set(float64(st.Nodes))
+			m.ClusterEntries.Set(float64(st.Entries))
+			if c.Degraded() != "" {
+				m.ClusterDegraded.Set(1)
+			} else {
+				m.ClusterDegraded.Set(0)
+			}
+			select {
+			case <-cctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	log.Info("cluster: joining", "node", name, "url", adv, "etcd", endpoints)
+	stop := func() {
+		cancel()
+		<-done
+		// The lease is left to run: a node back within it (an upgrade)
+		// never shows its sandboxes lost.
+		_ = c.Close()
+	}
+	return c, stop, nil
+}

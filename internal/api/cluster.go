@@ -1,0 +1,391 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/cluster"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// Cluster is what the API needs of the cluster (internal/cluster) in
+// cluster mode: where a sandbox is, where a new one goes, and the
+// catalog to keep current.
+type Cluster interface {
+	Name() string
+	Locate(ctx context.Context, id string) (cluster.Location, bool, error)
+	Place(backend string) ([]cluster.Node, error)
+	Nodes() []cluster.Node
+	Node(name string) (cluster.Node, bool)
+	Degraded() string
+	Draining() bool
+	Put(ctx context.Context, e cluster.Entry) error
+	Remove(ctx context.Context, id string) error
+	Entries(keep func(cluster.Entry) bool) []cluster.Entry
+	LeaseTTL() time.Duration
+}
+
+// forwardedHeader marks a request one node passes to another: the
+// receiver serves it from its own sandboxes and never passes it on. It
+// grants nothing: the forwarded request carries the client's own API key
+// (or view token), which the receiving node checks again, so a client
+// that sets the header itself only stops its request from being
+// forwarded.
+const forwardedHeader = "X-Cubicle-Forwarded-By"
+
+// forwarded reports whether r came from another node.
+func forwarded(r *http.Request) bool { return r.Header.Get(forwardedHeader) != "" }
+
+// clusterTransport carries requests between nodes: many idle connections
+// per node, since every proxied agent call reuses one.
+var clusterTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 64
+	t.ResponseHeaderTimeout = 0 // exec streams and live views answer late
+	return t
+}()
+
+// clustered wraps a sandbox-scoped handler: in cluster mode a sandbox
+// this node does not hold is served by its node, through this one.
+func (s *server) clustered(h http.HandlerFunc) http.HandlerFunc {
+	if s.cfg.Cluster == nil {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if forwarded(r) || !sandboxID.MatchString(id) {
+			h(w, r)
+			return
+		}
+		if _, err := s.mgr.Get(r.Context(), id); !errors.Is(err, errdefs.ErrNotFound) {
+			h(w, r) // this node's own, served without asking etcd
+			return
+		}
+		loc, found, err := s.cfg.Cluster.Locate(r.Context(), id)
+		switch {
+		case err != nil:
+			s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+				msg: "sandbox " + id + " is not on this node, and the cluster's catalog cannot be read: " + err.Error()})
+		case !found || loc.Node == s.cfg.Cluster.Name():
+			h(w, r) // not found anywhere: the handler's 404
+		case !loc.Alive:
+			s.lostSandbox(w, r, loc)
+		default:
+			s.proxy(w, r, loc.Node, loc.URL)
+		}
+	}
+}
+
+// lostSandbox answers for a sandbox whose node is not a member now.
+func (s *server) lostSandbox(w http.ResponseWriter, r *http.Request, loc cluster.Location) {
+	why := fmt.Sprintf("node %s, which holds this sandbox, has not renewed its cluster membership within %s; the sandbox is lost until the node is back", loc.Node, s.cfg.Cluster.LeaseTTL())
+	if r.Method == http.MethodGet && r.Pattern == "GET /v1/sandboxes/{id}" {
+		writeJSON(w, http.StatusOK, lostView(loc.Entry, why))
+		return
+	}
+	s.writeError(w, r, &httpError{status: http.StatusConflict, code: codeConflict, msg: "sandbox " + loc.ID + " is lost: " + why})
+}
+
+// lostView is the catalog's copy of a sandbox, in state lost.
+func lostView(e cluster.Entry, why string) sandbox.Sandbox {
+	var sb sandbox.Sandbox
+	if len(e.Sandbox) == 0 || json.Unmarshal(e.Sandbox, &sb) != nil {
+		sb = sandbox.Sandbox{ID: e.ID, Backend: e.Backend, CreatedAt: e.Created, ExpiresAt: e.Expires}
+	}
+	sb.State = sandbox.StateLost
+	sb.Node = e.Node
+	sb.Error = why
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	return sb
+}
+
+// proxy passes r to node's API at base, streaming both ways (exec
+// output, file bodies, WebSocket upgrades for the live view and CDP).
+func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string) {
+	target, err := url.Parse(base)
+	if err != nil || target.Host == "" {
+		s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable,
+			msg: fmt.Sprintf("node %s has no usable address (%q)", node, base)})
+		return
+	}
+	s.metrics.ClusterProxied.WithLabelValues(node).Inc()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Header.Set(forwardedHeader, s.cfg.Cluster.Name())
+		},
+		Transport:     clusterTransport,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return
+			}
+			s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable,
+				msg: fmt.Sprintf("node %s, which holds this sandbox, did not answer: %v", node, err)})
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// clusterCreate places a create in cluster mode: on this node, or on
+// the best of K nodes with room, through this one. It reports whether
+// it answered (false: create here).
+func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandbox.CreateRequest, body []byte) bool {
+	c := s.cfg.Cluster
+	if c == nil || forwarded(r) {
+		return false
+	}
+	if s.cfg.MaxPerOwner > 0 && req.Owner != "" && c.Degraded() == "" {
+		n := len(c.Entries(func(e cluster.Entry) bool {
+			return e.Owner == req.Owner && holdsSlot(e.State)
+		}))
+		if n >= s.cfg.MaxPerOwner {
+			s.writeError(w, r, errdefs.New(errdefs.ErrQuota, "this API key has %d live sandboxes in the cluster, its limit", n))
+			return true
+		}
+	}
+	nodes, err := c.Place(req.Backend)
+	if err != nil {
+		// Without etcd this node still creates on itself: only placing
+		// elsewhere needs the cluster.
+		if c.Draining() {
+			s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+				msg: "this node is draining and the cluster is unavailable to place the sandbox elsewhere: " + err.Error()})
+			return true
+		}
+		return false
+	}
+	if len(nodes) == 0 {
+		what := "a sandbox"
+		if req.Backend != "" {
+			what = "a " + req.Backend + " sandbox"
+		}
+		s.writeError(w, r, errdefs.New(errdefs.ErrCapacity, "no node of the cluster has room for %s", what))
+		return true
+	}
+	for i, n := range nodes {
+		if n.Name == c.Name() {
+			return false
+		}
+		last := i == len(nodes)-1
+		if s.forwardCreate(w, r, n, body, last) {
+			return true
+		}
+	}
+	return true
+}
+
+// forwardCreate sends a create to node n. A refusal for capacity (the
+// node filled up since its record) is not answered unless last, so that
+// the next candidate is tried; it reports whether it answered.
+func (s *server) forwardCreate(w http.ResponseWriter, r *http.Request, n cluster.Node, body []byte, last bool) bool {
+	u := strings.TrimSuffix(n.URL, "/") + r.URL.RequestURI()
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		s.writeError(w, r, err)
+		return true
+	}
+	for _, h := range []string{"Authorization", "X-API-Key", "Content-Type", "Idempotency-Key"} {
+		if v := r.Header.Values(h); len(v) > 0 {
+			out.Header[h] = v
+		}
+	}
+	out.Header.Set(forwardedHeader, s.cfg.Cluster.Name())
+	s.metrics.ClusterProxied.WithLabelValues(n.Name).Inc()
+	resp, err := clusterTransport.RoundTrip(out)
+	if err != nil {
+		if !last {
+			s.log.Warn("cluster: forward create failed; trying the next node", "node", n.Name, "err", err)
+			return false
+		}
+		s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable,
+			msg: fmt.Sprintf("node %s did not answer the create: %v", n.Name, err)})
+		return true
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusServiceUnavailable && !last {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return false
+	}
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+	return true
+}
+
+// holdsSlot mirrors the manager's: the states a sandbox counts against
+// capacity and quotas in.
+func holdsSlot(state string) bool {
+	switch sandbox.State(state) {
+	case sandbox.StateStarting, sandbox.StateRunning, sandbox.StatePausing, sandbox.StateResuming:
+		return true
+	}
+	return false
+}
+
+// clusterList adds the sandboxes of the other nodes to a list: each live
+// node is asked (in parallel, with the client's own key), and a node that
+// is gone or does not answer in time contributes its catalog entries, as
+// lost.
+func (s *server) clusterList(r *http.Request, local []sandbox.Sandbox, f sandbox.Filter) []sandbox.Sandbox {
+	c := s.cfg.Cluster
+	for i := range local {
+		local[i].Node = c.Name()
+	}
+	if forwarded(r) {
+		return local
+	}
+	nodes := c.Nodes()
+	alive := map[string]bool{c.Name(): true}
+	var (
+		mu  sync.Mutex
+		out = local
+		wg  sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	for _, n := range nodes {
+		if n.Name == c.Name() {
+			continue
+		}
+		wg.Add(1)
+		go func(n cluster.Node) {
+			defer wg.Done()
+			list, err := s.listNode(ctx, r, n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				s.log.Warn("cluster: list a node's sandboxes", "node", n.Name, "err", err)
+				return
+			}
+			alive[n.Name] = true
+			out = append(out, list...)
+		}(n)
+	}
+	wg.Wait()
+	if f.State != "" && f.State != sandbox.StateLost {
+		return out
+	}
+	for _, e := range c.Entries(func(e cluster.Entry) bool { return !alive[e.Node] }) {
+		if _, ok := c.Node(e.Node); ok {
+			// Live, but it did not answer in time: its entries are
+			// stale, not lost.
+			continue
+		}
+		sb := lostView(e, "node "+e.Node+" is not a member of the cluster now")
+		match := f.State == "" || f.State == sandbox.StateLost
+		for k, v := range f.Metadata {
+			if sb.Metadata[k] != v {
+				match = false
+			}
+		}
+		if match {
+			out = append(out, sb)
+		}
+	}
+	return out
+}
+
+func (s *server) listNode(ctx context.Context, r *http.Request, n cluster.Node) ([]sandbox.Sandbox, error) {
+	u := strings.TrimSuffix(n.URL, "/") + r.URL.RequestURI()
+	out, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range []string{"Authorization", "X-API-Key"} {
+		if v := r.Header.Values(h); len(v) > 0 {
+			out.Header[h] = v
+		}
+	}
+	out.Header.Set(forwardedHeader, s.cfg.Cluster.Name())
+	resp, err := clusterTransport.RoundTrip(out)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	var body struct {
+		Sandboxes []sandbox.Sandbox `json:"sandboxes"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&body); err != nil {
+		return nil, err
+	}
+	for i := range body.Sandboxes {
+		if body.Sandboxes[i].Node == "" {
+			body.Sandboxes[i].Node = n.Name
+		}
+	}
+	return body.Sandboxes, nil
+}
+
+// catalogPut records a sandbox this node now holds; a failure is left to
+// the next reconcile.
+func (s *server) catalogPut(ctx context.Context, sb sandbox.Sandbox, owner string) {
+	if s.cfg.Cluster == nil {
+		return
+	}
+	e, err := CatalogEntry(sb, owner)
+	if err == nil {
+		err = s.cfg.Cluster.Put(ctx, e)
+	}
+	if err != nil {
+		s.log.Warn("cluster: catalog put; the next reconcile writes it", "sandbox", sb.ID, "err", err)
+	}
+}
+
+// catalogRemove forgets a sandbox this node destroyed.
+func (s *server) catalogRemove(ctx context.Context, id string) {
+	if s.cfg.Cluster == nil {
+		return
+	}
+	if err := s.cfg.Cluster.Remove(ctx, id); err != nil {
+		s.log.Warn("cluster: catalog remove; the next reconcile does it", "sandbox", id, "err", err)
+	}
+}
+
+// CatalogEntry is sandbox sb of owner as the cluster's catalog holds it.
+func CatalogEntry(sb sandbox.Sandbox, owner string) (cluster.Entry, error) {
+	raw, err := json.Marshal(sb)
+	if err != nil {
+		return cluster.Entry{}, err
+	}
+	return cluster.Entry{ID: sb.ID, State: string(sb.State), Owner: owner, Backend: sb.Backend,
+		Created: sb.CreatedAt, Expires: sb.ExpiresAt, Sandbox: raw}, nil
+}
+
+// clusterInfo is the cluster part of GET /v1/info.
+type clusterInfo struct {
+	Node     string         `json:"node"`
+	Degraded string         `json:"degraded,omitempty"`
+	Draining bool           `json:"draining"`
+	Nodes    []cluster.Node `json:"nodes"`
+}
+
+func (s *server) clusterInfo() *clusterInfo {
+	c := s.cfg.Cluster
+	if c == nil {
+		return nil
+	}
+	nodes := c.Nodes()
+	if nodes == nil {
+		nodes = []cluster.Node{}
+	}
+	return &clusterInfo{Node: c.Name(), Degraded: c.Degraded(), Draining: c.Draining(), Nodes: nodes}
+}
