@@ -20,6 +20,9 @@ const (
 	StateStopping = "stopping"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
+	// StateLost is a cluster's: the sandbox's node has left the cluster
+	// (its lease expired); it is running again if the node comes back.
+	StateLost = "lost"
 )
 
 // Egress policies for Network.Egress. An allow-list is given with
@@ -169,6 +172,8 @@ type Sandbox struct {
 	AutoPause bool `json:"auto_pause,omitempty"`
 	// FromSnapshot is the snapshot it was started from, if any.
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Node is the cluster node it runs on; empty on a single host.
+	Node string `json:"node,omitempty"`
 }
 
 // UnmarshalJSON decodes a Sandbox, taking an empty time string for the zero

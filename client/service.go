@@ -46,6 +46,36 @@ type Info struct {
 	DefaultBackend string    `json:"default_backend"`
 	Capacity       Capacity  `json:"capacity"`
 	Pools          []Pool    `json:"pools"`
+	// Cluster is the answering node's view of its cluster; nil on a
+	// single host.
+	Cluster *Cluster `json:"cluster,omitempty"`
+}
+
+// Cluster is a node's view of its cluster (cubicled --cluster-etcd).
+type Cluster struct {
+	// Node is the answering node's name.
+	Node string `json:"node"`
+	// Degraded says why the node cannot reach the cluster's store (then
+	// it serves its own sandboxes and creates on itself only).
+	Degraded string `json:"degraded,omitempty"`
+	Draining bool   `json:"draining"`
+	// Nodes are the live members.
+	Nodes []ClusterNode `json:"nodes"`
+}
+
+// ClusterNode is one live member of a cluster and its load.
+type ClusterNode struct {
+	Name         string         `json:"name"`
+	URL          string         `json:"url"`
+	Version      string         `json:"version"`
+	Started      time.Time      `json:"started"`
+	Updated      time.Time      `json:"updated"`
+	Backends     []string       `json:"backends"`
+	MaxSandboxes int            `json:"max_sandboxes"`
+	Live         int            `json:"live"`
+	FreeMemoryMB int64          `json:"free_memory_mb"`
+	Pools        map[string]int `json:"pools,omitempty"`
+	Draining     bool           `json:"draining,omitempty"`
 }
 
 // Pool is one warm pool of the daemon (cubicled --pool): Ready of its

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -12,7 +13,7 @@ import (
 func infoCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "info",
-		Short: "Show the daemon's version, backends and capacity",
+		Short: "Show the daemon's version, backends and capacity, and its cluster's nodes",
 		Args:  exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			info, err := a.client().Info(cmd.Context())
@@ -34,7 +35,28 @@ func infoCmd(a *app) *cobra.Command {
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Name, orDash(b.Isolation), avail, orDash(b.Reason))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if c := info.Cluster; c != nil {
+				state := "ok"
+				if c.Degraded != "" {
+					state = "degraded: " + c.Degraded
+				}
+				fmt.Fprintf(a.out, "\ncluster:   node %s, %d nodes, %s\n", c.Node, len(c.Nodes), state)
+				tw := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "NODE\tURL\tVERSION\tSANDBOXES\tFREE MEMORY\tBACKENDS\tDRAINING")
+				for _, n := range c.Nodes {
+					draining := "no"
+					if n.Draining {
+						draining = "yes"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d of %d\t%d MiB\t%s\t%s\n", n.Name, n.URL, orDash(n.Version),
+						n.Live, n.MaxSandboxes, n.FreeMemoryMB, orDash(strings.Join(n.Backends, ",")), draining)
+				}
+				return tw.Flush()
+			}
+			return nil
 		},
 	}
 }

@@ -1,0 +1,358 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"image/png"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/cluster/etcdtest"
+	"github.com/cubicle-dev/cubicle/internal/needs"
+	"github.com/cubicle-dev/cubicle/test/harness"
+)
+
+// clusterLease is the nodes' --lease-ttl in these tests: short, so that a
+// dead node's sandboxes turn lost within seconds.
+const clusterLease = 4 * time.Second
+
+// testCluster is three cubicled nodes (own data dirs and ports) on a
+// three-member etcd, with one API key.
+type testCluster struct {
+	t     *testing.T
+	etcd  *etcdtest.Cluster
+	nodes map[string]*harness.Daemon
+	dirs  map[string]string
+	key   string
+}
+
+func startCluster(t *testing.T, names ...string) *testCluster {
+	t.Helper()
+	needs.Root(t)
+	needs.Runtime(t, "runsc")
+	needs.Image(t, filepath.Join(imageDir(), "desktop-lite"))
+	raw := make([]byte, 12)
+	rand.Read(raw)
+	tc := &testCluster{t: t, etcd: etcdtest.Start(t, 3), nodes: map[string]*harness.Daemon{}, dirs: map[string]string{},
+		key: "test-cluster-" + hex.EncodeToString(raw)}
+	for _, name := range names {
+		dir, err := os.MkdirTemp("", "cubicle-cluster-"+name+"-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.dirs[name] = dir
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		d, err := harness.Start(ctx, harness.Options{DataDir: dir, ImageDir: imageDir(), APIKey: tc.key, Args: []string{
+			"--cluster-etcd", strings.Join(tc.etcd.Endpoints(), ","), "--node-name", name,
+			"--lease-ttl", clusterLease.String(), "--max-sandboxes", "6",
+		}})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.nodes[name] = d
+	}
+	t.Cleanup(func() {
+		// Every node's own sandboxes, asked of each node directly.
+		for _, name := range names {
+			c := tc.client(name)
+			if sbs, err := c.List(context.Background(), client.ListOptions{}); err == nil {
+				for _, sb := range sbs {
+					if sb.Node == name {
+						c.Destroy(context.Background(), sb.ID)
+					}
+				}
+			}
+		}
+		for _, name := range names {
+			d := tc.nodes[name]
+			d.Stop()
+			if t.Failed() {
+				log, _ := os.ReadFile(d.Log)
+				t.Logf("node %s log (tail):\n%s", name, tail(string(log), 40))
+			}
+			os.RemoveAll(tc.dirs[name])
+		}
+	})
+	a := tc.client(names[0])
+	waitFor(t, "every node in the cluster", func() bool {
+		info, err := a.Info(context.Background())
+		return err == nil && info.Cluster != nil && len(info.Cluster.Nodes) == len(names) && info.Cluster.Degraded == ""
+	})
+	return tc
+}
+
+func (tc *testCluster) client(name string) *client.Client {
+	return client.New(tc.nodes[name].URL, client.WithAPIKey(tc.key), client.WithTimeout(3*time.Minute))
+}
+
+// health is a node's /healthz status.
+func (tc *testCluster) health(name string) string {
+	resp, err := http.Get(tc.nodes[name].URL + "/healthz")
+	if err != nil {
+		return "down"
+	}
+	defer resp.Body.Close()
+	var h struct{ Status, Reason string }
+	json.NewDecoder(resp.Body).Decode(&h)
+	return h.Status
+}
+
+// TestCluster is issue 15's acceptance on this machine: three nodes on a
+// three-member etcd behind node a's URL. The Go SDK, pointed at a only,
+// creates 9 sandboxes, which spread over all three nodes, and drives
+// each through a (screenshot, click, command, files, live view). Node b
+// is killed -9: its sandboxes turn lost within the lease, creates go to
+// a and c, and once b is back they are running again. One etcd member
+// stopped changes nothing; two stopped leave every node serving its own
+// sandboxes and saying it is degraded; restored, the catalog converges.
+// Nothing is left on the host.
+func TestCluster(t *testing.T) {
+	tc := startCluster(t, "a", "b", "c")
+	ctx := context.Background()
+	a := tc.client("a")
+
+	// 9 creates through a, at once.
+	sbs := make([]client.Sandbox, 9)
+	var wg sync.WaitGroup
+	errs := make([]error, 9)
+	for i := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sbs[i], errs[i] = a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+		}()
+	}
+	wg.Wait()
+	perNode := map[string]int{}
+	for i, sb := range sbs {
+		if errs[i] != nil {
+			t.Fatalf("create %d through a: %v", i, errs[i])
+		}
+		perNode[sb.Node]++
+	}
+	t.Logf("9 creates through a went %v", perNode)
+	if len(perNode) != 3 || perNode["a"] == 0 || perNode["b"] == 0 || perNode["c"] == 0 {
+		t.Fatalf("9 creates went %v; want every node used", perNode)
+	}
+
+	// Each is driven through a, and answers from its own node.
+	for _, sb := range sbs {
+		driveThrough(t, tc, "a", sb)
+	}
+	list, err := a.List(ctx, client.ListOptions{})
+	if err != nil || len(list) != 9 {
+		t.Fatalf("list through a: %d sandboxes, %v; want 9", len(list), err)
+	}
+
+	// kill -9 of b: its sandboxes turn lost within the lease.
+	var onB []string
+	for _, sb := range sbs {
+		if sb.Node == "b" {
+			onB = append(onB, sb.ID)
+		}
+	}
+	tc.nodes["b"].Kill9()
+	killed := time.Now()
+	waitFor(t, "b's sandboxes lost", func() bool {
+		for _, id := range onB {
+			sb, err := a.Get(ctx, id)
+			if err != nil || sb.State != client.StateLost {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("b's %d sandboxes lost %v after kill -9 (lease %v)", len(onB), time.Since(killed).Round(100*time.Millisecond), clusterLease)
+	if took := time.Since(killed); took > clusterLease+5*time.Second {
+		t.Errorf("lost after %v, beyond the lease (%v) and 5 s", took, clusterLease)
+	}
+	sb, _ := a.Get(ctx, onB[0])
+	if sb.Node != "b" || !strings.Contains(sb.Error, "node b") {
+		t.Errorf("a lost sandbox reads %+v; want node b and the reason", sb)
+	}
+	if _, err := a.Exec(ctx, onB[0], client.ExecRequest{Command: "true"}); !client.IsConflict(err) {
+		t.Errorf("exec in a lost sandbox: %v, want a conflict", err)
+	}
+	// Creates go to a and c.
+	for range 2 {
+		sb, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+		if err != nil {
+			t.Fatalf("create with b dead: %v", err)
+		}
+		if sb.Node == "b" || sb.Node == "" {
+			t.Fatalf("created on %q with b dead", sb.Node)
+		}
+		sbs = append(sbs, sb)
+	}
+
+	// b comes back: its sandboxes, which ran on, are running again.
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	if err := tc.nodes["b"].Restart(rctx); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitFor(t, "b's sandboxes running again", func() bool {
+		for _, id := range onB {
+			sb, err := a.Get(ctx, id)
+			if err != nil || sb.State != client.StateRunning {
+				return false
+			}
+		}
+		return true
+	})
+	for _, sb := range sbs {
+		if sb.Node == "b" {
+			driveThrough(t, tc, "c", sb)
+		}
+	}
+
+	// One etcd member down: nothing changes.
+	tc.etcd.Stop(0)
+	time.Sleep(3 * time.Second)
+	for name := range tc.nodes {
+		if h := tc.health(name); h != "ok" {
+			t.Errorf("node %s says %q with 2 of 3 etcd members", name, h)
+		}
+	}
+	sb, err = a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+	if err != nil {
+		t.Fatalf("create with 2 of 3 etcd members: %v", err)
+	}
+	sbs = append(sbs, sb)
+
+	// Two down: no quorum. Every node says it is degraded and serves its
+	// own sandboxes; a create through a lands on a.
+	tc.etcd.Stop(1)
+	waitFor(t, "every node degraded", func() bool {
+		for name := range tc.nodes {
+			if tc.health(name) != "degraded" {
+				return false
+			}
+		}
+		return true
+	})
+	for _, sb := range sbs {
+		shot, err := tc.client(sb.Node).Screenshot(ctx, sb.ID, client.ScreenshotOptions{Format: "png"})
+		if err != nil {
+			t.Fatalf("screenshot of %s on its own node %s without quorum: %v", sb.ID, sb.Node, err)
+		}
+		if _, err := png.Decode(bytes.NewReader(shot)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	local, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+	if err != nil {
+		t.Fatalf("create through a without quorum: %v", err)
+	}
+	if local.Node != "a" {
+		t.Fatalf("created on %q without quorum; want a", local.Node)
+	}
+	sbs = append(sbs, local)
+
+	// Restored: healthy again, and the sandbox made meanwhile is in the
+	// catalog, found through c.
+	tc.etcd.StartNoWait(0)
+	tc.etcd.StartNoWait(1)
+	restored := time.Now()
+	cc := tc.client("c")
+	waitFor(t, "the catalog to converge", func() bool {
+		for name := range tc.nodes {
+			if tc.health(name) != "ok" {
+				return false
+			}
+		}
+		sb, err := cc.Get(ctx, local.ID)
+		return err == nil && sb.Node == "a" && sb.State == client.StateRunning
+	})
+	t.Logf("converged %v after the etcd members were started again", time.Since(restored).Round(100*time.Millisecond))
+	driveThrough(t, tc, "c", local)
+
+	// Destroyed through a, each on its own node; nothing is left.
+	for _, sb := range sbs {
+		if err := a.Destroy(ctx, sb.ID); err != nil {
+			t.Fatalf("destroy %s (node %s) through a: %v", sb.ID, sb.Node, err)
+		}
+	}
+	for _, sb := range sbs {
+		if p := harness.HostProcesses(sb.ID); len(p) > 0 {
+			t.Errorf("sandbox %s (node %s): processes %v left", sb.ID, sb.Node, p)
+		}
+		if left := backendTraces(tc.dirs[sb.Node], "gvisor", sb.ID); len(left) > 0 {
+			t.Errorf("sandbox %s (node %s): %v left", sb.ID, sb.Node, left)
+		}
+	}
+	waitFor(t, "an empty list", func() bool {
+		list, err := a.List(ctx, client.ListOptions{State: client.StateRunning})
+		return err == nil && len(list) == 0
+	})
+}
+
+// driveThrough drives sandbox sb through node via: a screenshot (a real
+// PNG of the desktop), a file round trip, a click and a command that
+// prints the file and where the pointer went (so it ran in that very
+// sandbox), and the live view's RFB greeting over the WebSocket.
+func driveThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	c := tc.client(via)
+	shot, err := c.Screenshot(ctx, sb.ID, client.ScreenshotOptions{Format: "png"})
+	if err != nil {
+		t.Fatalf("screenshot of %s (node %s) through %s: %v", sb.ID, sb.Node, via, err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil || img.Bounds().Dx() != 1024 || img.Bounds().Dy() != 768 {
+		t.Fatalf("screenshot through %s: %v, %v", via, img.Bounds(), err)
+	}
+	body := []byte("through " + via + " to " + sb.ID)
+	if _, err := c.Upload(ctx, sb.ID, "/tmp/cluster.txt", bytes.NewReader(body)); err != nil {
+		t.Fatalf("upload through %s: %v", via, err)
+	}
+	rc, err := c.Download(ctx, sb.ID, "/tmp/cluster.txt")
+	if err != nil {
+		t.Fatalf("download through %s: %v", via, err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if !bytes.Equal(got, body) {
+		t.Fatalf("download through %s: %q, want %q", via, got, body)
+	}
+	x, y := 100+int(sb.ID[0])%50, 200+int(sb.ID[1])%50
+	if _, err := c.Actions(ctx, sb.ID, client.ClickAt(x, y)); err != nil {
+		t.Fatalf("click through %s: %v", via, err)
+	}
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: `cat /tmp/cluster.txt; echo; xdotool getmouselocation --shell | head -2 | tr '\n' ' '`})
+	if err != nil {
+		t.Fatalf("exec through %s: %v", via, err)
+	}
+	want := fmt.Sprintf("%s\nX=%d Y=%d ", body, x, y)
+	if res.Stdout != want {
+		t.Fatalf("exec in %s (node %s) through %s printed %q, want %q", sb.ID, sb.Node, via, res.Stdout, want)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	u := "ws" + strings.TrimPrefix(tc.nodes[via].URL, "http") + "/v1/sandboxes/" + sb.ID + "/vnc"
+	ws, _, err := websocket.Dial(wctx, u, &websocket.DialOptions{
+		HTTPHeader: http.Header{"Authorization": {"Bearer " + tc.key}}, Subprotocols: []string{"binary"}})
+	if err != nil {
+		t.Fatalf("live view of %s (node %s) through %s: %v", sb.ID, sb.Node, via, err)
+	}
+	defer ws.CloseNow()
+	_, greeting, err := ws.Read(wctx)
+	if err != nil || !bytes.HasPrefix(greeting, []byte("RFB 003.")) {
+		t.Fatalf("live view through %s: %q, %v; want the RFB greeting", via, greeting, err)
+	}
+}
