@@ -287,8 +287,10 @@ func run() error {
 		}
 		cp := e2b.New(e2b.Config{APIKeys: keys, TokenKey: viewKey, Domain: *e2bDomain, Templates: templates}, mgr, log)
 		mounts = append(mounts,
-			api.Mount{Name: "e2b-data", Claims: func(r *http.Request) bool { _, ok := dp.Match(r); return ok }, Handler: dp},
-			api.Mount{Name: "e2b", Claims: func(r *http.Request) bool { return e2b.OwnsPath(r.URL.Path) }, Handler: cp},
+			api.Mount{Name: "e2b-data", Claims: func(r *http.Request) bool { _, ok := dp.Match(r); return ok }, Handler: dp,
+				Sandbox: func(r *http.Request) string { t, _ := dp.Match(r); return t.ID }},
+			api.Mount{Name: "e2b", Claims: func(r *http.Request) bool { return e2b.OwnsPath(r.URL.Path) }, Handler: cp,
+				Sandbox: func(r *http.Request) string { return e2b.SandboxOfPath(r.URL.Path) }, Creates: e2b.IsCreate},
 		)
 	}
 	// Listen before the API is built: /mcp calls the REST API on this

@@ -194,6 +194,12 @@ type Mount struct {
 	Claims func(*http.Request) bool
 	// Handler serves the mount's requests.
 	Handler http.Handler
+	// In cluster mode: Sandbox names the sandbox a request is about (""
+	// for none), so that one of another node is passed there; Creates
+	// reports whether a request creates a sandbox, so that it is placed
+	// like a native create.
+	Sandbox func(*http.Request) string
+	Creates func(*http.Request) bool
 }
 
 func (c Config) withDefaults() Config {

@@ -32,6 +32,8 @@ type Cluster interface {
 	Draining() bool
 	Put(ctx context.Context, e cluster.Entry) error
 	Remove(ctx context.Context, id string) error
+	// Sync writes this node's changed sandboxes to the catalog now.
+	Sync(ctx context.Context) error
 	Entries(keep func(cluster.Entry) bool) []cluster.Entry
 	LeaseTTL() time.Duration
 }
@@ -63,26 +65,75 @@ func (s *server) clustered(h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		id := r.PathValue("id")
-		if forwarded(r) || !sandboxID.MatchString(id) {
+		if !s.clusterRoute(w, r, r.PathValue("id")) {
 			h(w, r)
-			return
 		}
-		if _, err := s.mgr.Get(r.Context(), id); !errors.Is(err, errdefs.ErrNotFound) {
-			h(w, r) // this node's own, served without asking etcd
-			return
+	}
+}
+
+// clusterRoute answers a request about sandbox id when the sandbox is
+// another node's: passed there, or answered lost, or 503 when the
+// catalog cannot be read. It reports false for a request this node
+// serves: its own sandbox, an unknown one (its handler's 404), or one
+// forwarded here.
+func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string) bool {
+	if s.cfg.Cluster == nil || forwarded(r) || !sandboxID.MatchString(id) {
+		return false
+	}
+	if _, err := s.mgr.Get(r.Context(), id); !errors.Is(err, errdefs.ErrNotFound) {
+		return false // this node's own, served without asking etcd
+	}
+	loc, found, err := s.cfg.Cluster.Locate(r.Context(), id)
+	switch {
+	case err != nil:
+		s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+			msg: "sandbox " + id + " is not on this node, and the cluster's catalog cannot be read: " + err.Error()})
+	case !found || loc.Node == s.cfg.Cluster.Name():
+		return false
+	case !loc.Alive:
+		s.lostSandbox(w, r, loc)
+	default:
+		s.proxy(w, r, loc.Node, loc.URL)
+	}
+	return true
+}
+
+// clusterMount routes a mount's request in cluster mode (E2B's control
+// and data planes): a create is placed, a request about another node's
+// sandbox is passed there. It reports whether it answered.
+func (s *server) clusterMount(w http.ResponseWriter, r *http.Request, m *Mount) bool {
+	if s.cfg.Cluster == nil || forwarded(r) {
+		return false
+	}
+	if m.Creates != nil && m.Creates(r) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxBodyBytes+1))
+		if err != nil {
+			return false // the handler meets the same broken body
 		}
-		loc, found, err := s.cfg.Cluster.Locate(r.Context(), id)
-		switch {
-		case err != nil:
-			s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
-				msg: "sandbox " + id + " is not on this node, and the cluster's catalog cannot be read: " + err.Error()})
-		case !found || loc.Node == s.cfg.Cluster.Name():
-			h(w, r) // not found anywhere: the handler's 404
-		case !loc.Alive:
-			s.lostSandbox(w, r, loc)
-		default:
-			s.proxy(w, r, loc.Node, loc.URL)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if int64(len(body)) > s.cfg.MaxBodyBytes {
+			return false // the handler refuses it
+		}
+		return s.placeCreate(w, r, "", body)
+	}
+	if m.Sandbox != nil {
+		if id := m.Sandbox(r); id != "" {
+			return s.clusterRoute(w, r, id)
+		}
+	}
+	return false
+}
+
+// clusterMountDone brings the catalog up to date at once after a mount
+// created or deleted a sandbox here (the native API writes its entries
+// itself; a mount's handler knows nothing of the cluster).
+func (s *server) clusterMountDone(r *http.Request, m *Mount, status int) {
+	if s.cfg.Cluster == nil || status >= 300 || status == 0 && r.Method == http.MethodGet {
+		return
+	}
+	if (m.Creates != nil && m.Creates(r)) || r.Method == http.MethodDelete {
+		if err := s.cfg.Cluster.Sync(r.Context()); err != nil {
+			s.log.Warn("cluster: catalog sync after a create; the next reconcile does it", "err", err)
 		}
 	}
 }
@@ -157,7 +208,15 @@ func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandb
 			return true
 		}
 	}
-	nodes, err := c.Place(req.Backend)
+	return s.placeCreate(w, r, req.Backend, body)
+}
+
+// placeCreate places a create of backend ("" for any) whose body is
+// body: it reports false when this node is to create it, and answers
+// otherwise (forwarded to another node, or refused).
+func (s *server) placeCreate(w http.ResponseWriter, r *http.Request, backend string, body []byte) bool {
+	c := s.cfg.Cluster
+	nodes, err := c.Place(backend)
 	if err != nil {
 		// Without etcd this node still creates on itself: only placing
 		// elsewhere needs the cluster.
@@ -170,8 +229,8 @@ func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandb
 	}
 	if len(nodes) == 0 {
 		what := "a sandbox"
-		if req.Backend != "" {
-			what = "a " + req.Backend + " sandbox"
+		if backend != "" {
+			what = "a " + backend + " sandbox"
 		}
 		s.writeError(w, r, errdefs.New(errdefs.ErrCapacity, "no node of the cluster has room for %s", what))
 		return true

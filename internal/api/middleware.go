@@ -73,7 +73,11 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 
 	if mount != nil {
+		if s.clusterMount(rec, r, mount) {
+			return
+		}
 		mount.Handler.ServeHTTP(rec, r)
+		s.clusterMountDone(r, mount, rec.status)
 		return
 	}
 	if s.auth[pattern] == authKey && !s.keys.Authorized(r) {

@@ -585,6 +585,14 @@ func (c *Cluster) removeIfMine(ctx context.Context, id string) error {
 	return err
 }
 
+// Sync is Reconcile, for a caller that just changed what runs here.
+func (c *Cluster) Sync(ctx context.Context) error {
+	if c.cfg.Local == nil {
+		return nil
+	}
+	return c.Reconcile(ctx)
+}
+
 // Reconcile makes the catalog's entries of this node what its store
 // holds: entries of sandboxes it has are written where they differ, and
 // entries of sandboxes it no longer has are deleted. It returns how many

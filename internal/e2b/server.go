@@ -266,6 +266,30 @@ func (p *probeWriter) Write(b []byte) (int, error) {
 // serving several APIs on one port can give it these requests (with any
 // method: a wrong one is answered 405 in E2B's shape, not the native API's).
 func OwnsPath(p string) bool {
+	return ownsPath(p)
+}
+
+// SandboxOfPath is the sandbox a control-plane path is about
+// (/sandboxes/ID[/...], /v2/sandboxes/ID/...), "" for none: in cluster
+// mode the request is passed to that sandbox's node.
+func SandboxOfPath(p string) string {
+	rest, ok := strings.CutPrefix(p, "/v2/sandboxes/")
+	if !ok {
+		if rest, ok = strings.CutPrefix(p, "/sandboxes/"); !ok {
+			return ""
+		}
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
+}
+
+// IsCreate reports whether r creates a sandbox (v1 or v2): in cluster
+// mode it is placed on a node like a native create.
+func IsCreate(r *http.Request) bool {
+	return r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes")
+}
+
+func ownsPath(p string) bool {
 	return p == "/health" || p == "/sandboxes" || strings.HasPrefix(p, "/sandboxes/") ||
 		p == "/v2/sandboxes" || strings.HasPrefix(p, "/v2/sandboxes/") ||
 		p == "/snapshots" || strings.HasPrefix(p, "/templates/")

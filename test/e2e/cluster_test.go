@@ -44,10 +44,10 @@ func startCluster(t *testing.T, names ...string) *testCluster {
 	needs.Root(t)
 	needs.Runtime(t, "runsc")
 	needs.Image(t, filepath.Join(imageDir(), "desktop-lite"))
-	raw := make([]byte, 12)
+	raw := make([]byte, 20)
 	rand.Read(raw)
 	tc := &testCluster{t: t, etcd: etcdtest.Start(t, 3), nodes: map[string]*harness.Daemon{}, dirs: map[string]string{},
-		key: "test-cluster-" + hex.EncodeToString(raw)}
+		key: "e2b_" + hex.EncodeToString(raw)} // E2B's key format: the E2B SDK test uses it too
 	for _, name := range names {
 		dir, err := os.MkdirTemp("", "cubicle-cluster-"+name+"-")
 		if err != nil {
@@ -354,5 +354,38 @@ func driveThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) 
 	_, greeting, err := ws.Read(wctx)
 	if err != nil || !bytes.HasPrefix(greeting, []byte("RFB 003.")) {
 		t.Fatalf("live view through %s: %q, %v; want the RFB greeting", via, greeting, err)
+	}
+}
+
+// TestClusterE2BSDK runs the unmodified e2b and @e2b/desktop SDKs against
+// a three-node cluster, configured with node a's URL only: creates are
+// placed across the nodes, and E2B's control and data planes (commands,
+// files, the desktop's screenshot and pointer) reach each sandbox
+// through a (test/e2b-js/cluster.mjs).
+func TestClusterE2BSDK(t *testing.T) {
+	needs.Command(t, "node", "npm")
+	nodeForSDK(t)
+	jsDir := filepath.Join(harness.RepoRoot(), "test", "e2b-js")
+	npmCI(t, jsDir)
+	tc := startCluster(t, "a", "b", "c")
+	env := []string{
+		"E2B_API_URL=" + tc.nodes["a"].URL,
+		"E2B_SANDBOX_URL=" + tc.nodes["a"].URL,
+		"E2B_API_KEY=" + tc.key,
+		"NO_COLOR=1",
+	}
+	out, err := runLogged(t, 5*time.Minute, jsDir, env, "node", "--test", "--test-reporter=spec", "cluster.mjs")
+	if err != nil {
+		t.Fatalf("node --test cluster.mjs: %v", err)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "CLUSTER_NODES") {
+			t.Log(strings.TrimSpace(line))
+		}
+	}
+	for name := range tc.nodes {
+		if list, err := tc.client(name).List(context.Background(), client.ListOptions{State: client.StateRunning}); err != nil || len(list) != 0 {
+			t.Errorf("after the suite, node %s lists %d running, %v", name, len(list), err)
+		}
 	}
 }
