@@ -84,6 +84,12 @@ func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string)
 		return false // this node's own, served without asking etcd
 	}
 	loc, found, err := s.cfg.Cluster.Locate(r.Context(), id)
+	if (err != nil || (found && !loc.Alive)) && !s.keys.Authorized(r) {
+		// Only this node could answer, and only an API key may learn
+		// that the sandbox exists: a view token's or envd token's route
+		// (checked by the sandbox's own node) is answered as here.
+		return false
+	}
 	switch {
 	case err != nil:
 		s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,

@@ -1,0 +1,172 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/cluster"
+)
+
+// fakeCluster is node "a" of a cluster whose node "b" is an httptest
+// server: it holds sandbox sbremote, and sblost is of a node that left.
+type fakeCluster struct {
+	b        string // node b's URL
+	degraded string
+	puts     []cluster.Entry
+	mu       sync.Mutex
+}
+
+func (f *fakeCluster) Name() string { return "a" }
+func (f *fakeCluster) Locate(_ context.Context, id string) (cluster.Location, bool, error) {
+	switch id {
+	case "sbremote":
+		return cluster.Location{Entry: cluster.Entry{ID: id, Node: "b", State: "running"}, Alive: true, URL: f.b}, true, nil
+	case "sblost":
+		return cluster.Location{Entry: cluster.Entry{ID: id, Node: "gone", State: "running",
+			Sandbox: json.RawMessage(`{"id":"sblost","state":"running","metadata":{"k":"v"}}`)}}, true, nil
+	}
+	return cluster.Location{}, false, nil
+}
+func (f *fakeCluster) Place(string) ([]cluster.Node, error) {
+	return []cluster.Node{{Name: "b", URL: f.b}}, nil
+}
+func (f *fakeCluster) Nodes() []cluster.Node { return []cluster.Node{{Name: "a"}, {Name: "b", URL: f.b}} }
+func (f *fakeCluster) Node(name string) (cluster.Node, bool) {
+	if name == "a" || name == "b" {
+		return cluster.Node{Name: name}, true
+	}
+	return cluster.Node{}, false
+}
+func (f *fakeCluster) Degraded() string { return f.degraded }
+func (f *fakeCluster) Draining() bool   { return false }
+func (f *fakeCluster) Put(_ context.Context, e cluster.Entry) error {
+	f.mu.Lock()
+	f.puts = append(f.puts, e)
+	f.mu.Unlock()
+	return nil
+}
+func (f *fakeCluster) Remove(context.Context, string) error { return nil }
+func (f *fakeCluster) Sync(context.Context) error           { return nil }
+func (f *fakeCluster) Entries(keep func(cluster.Entry) bool) []cluster.Entry {
+	var out []cluster.Entry
+	for _, id := range []string{"sbremote", "sblost"} {
+		l, _, _ := f.Locate(context.Background(), id)
+		if keep == nil || keep(l.Entry) {
+			out = append(out, l.Entry)
+		}
+	}
+	return out
+}
+func (f *fakeCluster) LeaseTTL() time.Duration { return 10 * time.Second }
+
+// nodeB records what reaches node b.
+type nodeB struct {
+	mu   sync.Mutex
+	reqs []*http.Request
+	body []string
+}
+
+func (n *nodeB) handler(w http.ResponseWriter, r *http.Request) {
+	b, _ := io.ReadAll(r.Body)
+	n.mu.Lock()
+	n.reqs = append(n.reqs, r)
+	n.body = append(n.body, string(b))
+	n.mu.Unlock()
+	if r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes" {
+		w.Header().Set("Location", "/v1/sandboxes/sbnew")
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"id":"sbnew","state":"running","node":"b"}`)
+		return
+	}
+	io.WriteString(w, "from b: "+r.URL.Path)
+}
+
+func (n *nodeB) count() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.reqs)
+}
+
+func TestClusterProxy(t *testing.T) {
+	b := &nodeB{}
+	bsrv := httptest.NewServer(http.HandlerFunc(b.handler))
+	defer bsrv.Close()
+	fc := &fakeCluster{b: bsrv.URL}
+	e := newTestEnv(t, Config{Cluster: fc})
+
+	// Another node's sandbox is served by it, with the client's own key
+	// and the header that stops it from passing the request on again.
+	w := e.do("GET", "/v1/sandboxes/sbremote/screenshot?format=png", nil)
+	if w.Code != 200 || w.Body.String() != "from b: /v1/sandboxes/sbremote/screenshot" {
+		t.Fatalf("proxied screenshot: %d %q", w.Code, w.Body.String())
+	}
+	got := b.reqs[0]
+	if got.Header.Get("X-API-Key") != testKey || got.Header.Get(forwardedHeader) != "a" || got.URL.RawQuery != "format=png" {
+		t.Fatalf("node b got key %q, forwarded-by %q, query %q", got.Header.Get("X-API-Key"), got.Header.Get(forwardedHeader), got.URL.RawQuery)
+	}
+
+	// The header grants nothing: without a key the request is refused
+	// here, and never reaches b.
+	for _, h := range [][]string{
+		{"X-API-Key", ""},
+		{"X-API-Key", "", forwardedHeader, "b"},
+		{"X-API-Key", "nope", forwardedHeader, "a"},
+	} {
+		w := e.do("GET", "/v1/sandboxes/sbremote/screenshot", nil, h...)
+		if w.Code != http.StatusUnauthorized {
+			t.Errorf("%v: %d, want 401", h, w.Code)
+		}
+	}
+	// A client's own forwarded header only keeps the request here.
+	w = e.do("GET", "/v1/sandboxes/sbremote/screenshot", nil, forwardedHeader, "b")
+	if w.Code != http.StatusNotFound {
+		t.Errorf("forged forwarded header: %d, want this node's 404", w.Code)
+	}
+	if n := b.count(); n != 1 {
+		t.Fatalf("node b got %d requests, want only the first", n)
+	}
+
+	// A sandbox of a node that left is lost, with the reason.
+	w = e.do("GET", "/v1/sandboxes/sblost", nil)
+	var sb struct{ ID, State, Node, Error string }
+	json.Unmarshal(w.Body.Bytes(), &sb)
+	if w.Code != 200 || sb.State != "lost" || sb.Node != "gone" || !strings.Contains(sb.Error, "node gone") {
+		t.Errorf("lost sandbox: %d %s", w.Code, w.Body.String())
+	}
+	w = e.do("POST", "/v1/sandboxes/sblost/exec", strings.NewReader(`{"command":"true"}`))
+	if w.Code != http.StatusConflict || !strings.Contains(w.Body.String(), "lost") {
+		t.Errorf("exec in a lost sandbox: %d %s", w.Code, w.Body.String())
+	}
+	// Without a key (a view-token route) nothing says it exists.
+	w = e.do("GET", "/v1/sandboxes/sblost/vnc", nil, "X-API-Key", "")
+	if w.Code == http.StatusConflict || strings.Contains(w.Body.String(), "gone") {
+		t.Errorf("live view of a lost sandbox without a key: %d %s", w.Code, w.Body.String())
+	}
+	w = e.do("GET", "/v1/sandboxes?state=lost", nil)
+	if !strings.Contains(w.Body.String(), `"sblost"`) || strings.Contains(w.Body.String(), runningID) {
+		t.Errorf("list of lost sandboxes: %s", w.Body.String())
+	}
+
+	// A create is placed on b and answered by it.
+	w = e.do("POST", "/v1/sandboxes", strings.NewReader(`{"backend":"gvisor"}`))
+	if w.Code != http.StatusCreated || w.Header().Get("Location") != "/v1/sandboxes/sbnew" || !strings.Contains(w.Body.String(), `"node":"b"`) {
+		t.Fatalf("placed create: %d %v %s", w.Code, w.Header(), w.Body.String())
+	}
+	if last := b.body[len(b.body)-1]; last != `{"backend":"gvisor"}` {
+		t.Errorf("node b got the create body %q", last)
+	}
+
+	// Degraded: still 200, saying so.
+	fc.degraded = "no quorum"
+	w = e.do("GET", "/healthz", nil)
+	if w.Code != 200 || !strings.Contains(w.Body.String(), `"degraded"`) || !strings.Contains(w.Body.String(), "no quorum") {
+		t.Errorf("degraded health: %d %s", w.Code, w.Body.String())
+	}
+}
