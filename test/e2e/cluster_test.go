@@ -389,3 +389,145 @@ func TestClusterE2BSDK(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterRollingUpgrade restarts the three nodes one at a time (SIGTERM,
+// then the daemon again on its data dir, as an upgrade does) while six
+// agent loops drive six sandboxes spread over them: each step a screenshot,
+// a click and a command whose output is checked. A loop whose node is
+// down moves to the next node's URL, as behind a load balancer. No sandbox
+// is lost: every one runs at the end, and every loop went on stepping
+// after the last restart.
+func TestClusterRollingUpgrade(t *testing.T) {
+	tc := startCluster(t, "a", "b", "c")
+	ctx := context.Background()
+	a := tc.client("a")
+	var sbs []client.Sandbox
+	for range 6 {
+		sb, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sbs = append(sbs, sb)
+	}
+	urls := []string{"a", "b", "c"}
+	type loopStats struct {
+		ok, failed int
+		okAfter    int // steps done after the last node came back
+	}
+	stats := make([]loopStats, len(sbs))
+	var (
+		mu       sync.Mutex
+		upgraded bool
+		wg       sync.WaitGroup
+	)
+	lctx, stop := context.WithCancel(ctx)
+	for i, sb := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			via := i % len(urls)
+			for step := 0; lctx.Err() == nil; step++ {
+				c := client.New(tc.nodes[urls[via]].URL, client.WithAPIKey(tc.key), client.WithTimeout(20*time.Second))
+				err := agentStep(lctx, c, sb.ID, step)
+				mu.Lock()
+				if err != nil {
+					if lctx.Err() == nil {
+						stats[i].failed++
+						if stats[i].failed <= 3 {
+							t.Logf("loop %d (sandbox on %s) through %s: %v", i, sb.Node, urls[via], err)
+						}
+					}
+					via = (via + 1) % len(urls)
+				} else {
+					stats[i].ok++
+					if upgraded {
+						stats[i].okAfter++
+					}
+				}
+				mu.Unlock()
+				if err != nil {
+					time.Sleep(200 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	time.Sleep(3 * time.Second)
+	for _, name := range urls {
+		began := time.Now()
+		tc.nodes[name].Stop()
+		rctx, cancel := context.WithTimeout(ctx, time.Minute)
+		err := tc.nodes[name].Restart(rctx)
+		cancel()
+		if err != nil {
+			stop()
+			t.Fatalf("restart %s: %v", name, err)
+		}
+		other := tc.client(urls[(slicesIndex(urls, name)+1)%len(urls)])
+		waitFor(t, "node "+name+" back in the cluster", func() bool {
+			info, err := other.Info(ctx)
+			if err != nil || info.Cluster == nil {
+				return false
+			}
+			for _, n := range info.Cluster.Nodes {
+				if n.Name == name && n.Started.After(began) {
+					return true
+				}
+			}
+			return false
+		})
+		t.Logf("node %s upgraded in %v", name, time.Since(began).Round(100*time.Millisecond))
+		time.Sleep(2 * time.Second)
+	}
+	mu.Lock()
+	upgraded = true
+	mu.Unlock()
+	time.Sleep(5 * time.Second)
+	stop()
+	wg.Wait()
+	total, failed := 0, 0
+	for i, s := range stats {
+		total += s.ok
+		failed += s.failed
+		if s.okAfter == 0 {
+			t.Errorf("loop %d (sandbox %s on %s) made no step after the upgrade (%+v)", i, sbs[i].ID, sbs[i].Node, s)
+		}
+	}
+	t.Logf("6 agent loops: %d steps done, %d failed and retried on another node during the restarts", total, failed)
+	for _, sb := range sbs {
+		got, err := tc.client("c").Get(ctx, sb.ID)
+		if err != nil || got.State != client.StateRunning || got.Node != sb.Node {
+			t.Errorf("after the upgrade, sandbox %s (node %s): %+v, %v", sb.ID, sb.Node, got, err)
+		}
+	}
+}
+
+// agentStep is one step of an agent loop: look, act, check.
+func agentStep(ctx context.Context, c *client.Client, id string, step int) error {
+	shot, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "png"})
+	if err != nil {
+		return fmt.Errorf("screenshot: %w", err)
+	}
+	if _, err := png.DecodeConfig(bytes.NewReader(shot)); err != nil {
+		return fmt.Errorf("screenshot: %w", err)
+	}
+	if _, err := c.Actions(ctx, id, client.ClickAt(100+step%200, 300)); err != nil {
+		return fmt.Errorf("click: %w", err)
+	}
+	res, err := c.Exec(ctx, id, client.ExecRequest{Command: fmt.Sprintf("echo step %d", step)})
+	if err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
+	if want := fmt.Sprintf("step %d\n", step); res.Stdout != want {
+		return fmt.Errorf("exec printed %q, want %q", res.Stdout, want)
+	}
+	return nil
+}
+
+func slicesIndex(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
