@@ -48,10 +48,14 @@ func main() {
 	nStep := flag.Int("n-step", 20, "agent steps measured each way")
 	onlyComputer := flag.Bool("only-computer", false, "measure, in one run, what -only-screenshot and -only-agent-step measure, and rewrite only those sections of -out")
 	onlyImages := flag.Bool("only-images", false, "measure only create-to-ready, session and idle memory of the desktop (XFCE) and desktop-lite images on gvisor and runc, and rewrite only that section of -out")
+	onlyCluster := flag.Bool("only-cluster", false, "measure only a cluster of three nodes on one etcd here: a proxied screenshot and click against local ones (-n each), and creates per second through one node at one and three nodes (-n-cluster-creates at once); rewrite only that section of -out")
+	nClusterCreates := flag.Int("n-cluster-creates", 9, "creates at once in -only-cluster's bursts")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyCluster:
+		err = runCluster(*imageDir, *out, *n, *nClusterCreates)
 	case *onlyImages:
 		err = runImages(*imageDir, *out, []string{"gvisor", "runc"}, *nCreate)
 	case *onlyComputer:
