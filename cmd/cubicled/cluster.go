@@ -136,6 +136,14 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	if err != nil {
 		return nil, nil, err
 	}
+	// --key-max-sandboxes counts a key's sandboxes on every node: the
+	// manager checks it after a create's own checks, so a bad request is
+	// told what is wrong with it first.
+	mgr.SetElsewhere(func(owner string) int {
+		return len(c.Entries(func(e cluster.Entry) bool {
+			return e.Node != name && e.Owner == owner && api.HoldsSlot(e.State)
+		}))
+	})
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(cctx) }()

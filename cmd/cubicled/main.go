@@ -328,7 +328,6 @@ func run() error {
 		Mounts:         mounts,
 		MCP:            mcpHandler,
 		Cluster:        apiCluster,
-		MaxPerOwner:    *keyMax,
 	}, mgr, m, log)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	// The settings that shape every sandbox, so an operator (and the

@@ -179,9 +179,6 @@ type Config struct {
 	// are placed on any node, a sandbox of another node is served
 	// through this one, lists span the cluster. nil on a single host.
 	Cluster Cluster
-	// MaxPerOwner is the live sandboxes one API key may have across the
-	// cluster (cluster mode; each node's manager also bounds its own).
-	MaxPerOwner int
 }
 
 // Mount is a handler the daemon also serves on its port. It gets the

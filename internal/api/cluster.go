@@ -112,6 +112,9 @@ func (s *server) clusterMount(w http.ResponseWriter, r *http.Request, m *Mount) 
 		return false
 	}
 	if m.Creates != nil && m.Creates(r) {
+		if !s.keys.Authorized(r) {
+			return false // the mount refuses it in its own shape
+		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxBodyBytes+1))
 		if err != nil {
 			return false // the handler meets the same broken body
@@ -120,7 +123,7 @@ func (s *server) clusterMount(w http.ResponseWriter, r *http.Request, m *Mount) 
 		if int64(len(body)) > s.cfg.MaxBodyBytes {
 			return false // the handler refuses it
 		}
-		return s.placeCreate(w, r, "", body)
+		return s.placeCreate(w, r, "", body, false)
 	}
 	if m.Sandbox != nil {
 		if id := m.Sandbox(r); id != "" {
@@ -182,6 +185,10 @@ func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			// The client's Host goes on: the node routes E2B's data
+			// plane by it, checks a live view's Origin against it, and
+			// makes links with it.
+			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Set(forwardedHeader, s.cfg.Cluster.Name())
 		},
 		Transport:     clusterTransport,
@@ -205,22 +212,25 @@ func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandb
 	if c == nil || forwarded(r) {
 		return false
 	}
-	if s.cfg.MaxPerOwner > 0 && req.Owner != "" && c.Degraded() == "" {
-		n := len(c.Entries(func(e cluster.Entry) bool {
-			return e.Owner == req.Owner && holdsSlot(e.State)
-		}))
-		if n >= s.cfg.MaxPerOwner {
-			s.writeError(w, r, errdefs.New(errdefs.ErrQuota, "this API key has %d live sandboxes in the cluster, its limit", n))
-			return true
-		}
+	if len(req.Volumes) > 0 || req.FromSnapshot != "" {
+		// Volumes and snapshots stay on the node that has them: such a
+		// create is made on the node it is sent to.
+		return false
 	}
-	return s.placeCreate(w, r, req.Backend, body)
+	backend := req.Backend
+	if backend == "auto" {
+		backend = "" // each node resolves auto itself
+	}
+	return s.placeCreate(w, r, backend, body, true)
 }
 
 // placeCreate places a create of backend ("" for any) whose body is
 // body: it reports false when this node is to create it, and answers
-// otherwise (forwarded to another node, or refused).
-func (s *server) placeCreate(w http.ResponseWriter, r *http.Request, backend string, body []byte) bool {
+// otherwise (forwarded to another node, or refused). With no node
+// fitting, native says whether to refuse here in the native shape or to
+// leave the create to this node's handler (a mount's, which refuses in
+// its own shape when this node is full too).
+func (s *server) placeCreate(w http.ResponseWriter, r *http.Request, backend string, body []byte, native bool) bool {
 	c := s.cfg.Cluster
 	nodes, err := c.Place(backend)
 	if err != nil {
@@ -234,6 +244,9 @@ func (s *server) placeCreate(w http.ResponseWriter, r *http.Request, backend str
 		return false
 	}
 	if len(nodes) == 0 {
+		if !native {
+			return false
+		}
 		what := "a sandbox"
 		if backend != "" {
 			what = "a " + backend + " sandbox"
@@ -293,9 +306,9 @@ func (s *server) forwardCreate(w http.ResponseWriter, r *http.Request, n cluster
 	return true
 }
 
-// holdsSlot mirrors the manager's: the states a sandbox counts against
+// HoldsSlot mirrors the manager's: the states a sandbox counts against
 // capacity and quotas in.
-func holdsSlot(state string) bool {
+func HoldsSlot(state string) bool {
 	switch sandbox.State(state) {
 	case sandbox.StateStarting, sandbox.StateRunning, sandbox.StatePausing, sandbox.StateResuming:
 		return true

@@ -37,7 +37,9 @@ func (f *fakeCluster) Locate(_ context.Context, id string) (cluster.Location, bo
 func (f *fakeCluster) Place(string) ([]cluster.Node, error) {
 	return []cluster.Node{{Name: "b", URL: f.b}}, nil
 }
-func (f *fakeCluster) Nodes() []cluster.Node { return []cluster.Node{{Name: "a"}, {Name: "b", URL: f.b}} }
+func (f *fakeCluster) Nodes() []cluster.Node {
+	return []cluster.Node{{Name: "a"}, {Name: "b", URL: f.b}}
+}
 func (f *fakeCluster) Node(name string) (cluster.Node, bool) {
 	if name == "a" || name == "b" {
 		return cluster.Node{Name: name}, true

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -137,15 +138,20 @@ type Cluster struct {
 	mu         sync.Mutex
 	nodes      map[string]Node
 	catalog    map[string]Entry
-	pending    map[string]int // creates placed on a node since its record last changed
+	pending    map[string]pending // creates placed on a node lately (pendingOf)
 	lease      clientv3.LeaseID
 	lastOK     time.Time // last time etcd answered this node
 	problem    string    // why the node is degraded, "" when it is not
 	synced     bool      // the watches have loaded the state once
 	registered bool      // etcd has answered this node once
-	draining   bool
-	started    time.Time
-	watchRevs  int64 // events seen by the watches, for the simulation's figures
+	written    struct {  // the node record last written
+		lease clientv3.LeaseID
+		load  Load
+	}
+	compacted time.Time // when this node last compacted etcd's history
+	draining  bool
+	started   time.Time
+	watchRevs int64 // events seen by the watches, for the simulation's figures
 }
 
 // New connects to etcd; it does not block on it (Run does the work).
@@ -196,7 +202,7 @@ func New(cfg Config) (*Cluster, error) {
 		log:     cfg.Log,
 		nodes:   map[string]Node{},
 		catalog: map[string]Entry{},
-		pending: map[string]int{},
+		pending: map[string]pending{},
 		problem: "not yet registered with etcd",
 		started: time.Now().UTC(),
 	}, nil
@@ -237,6 +243,7 @@ func (c *Cluster) Run(ctx context.Context) error {
 			c.setProblem(err)
 		} else {
 			c.setOK()
+			c.maybeCompact(ctx)
 			if time.Now().After(nextReconcile) {
 				if err := c.Reconcile(ctx); err != nil {
 					c.log.Warn("cluster: reconcile", "err", err)
@@ -285,6 +292,17 @@ func (c *Cluster) register(ctx context.Context) error {
 	}
 	load := c.cfg.Local.Load(cctx)
 	load.Draining = load.Draining || draining
+	// Free memory in steps of 256 MiB: the record is written only when
+	// the load changed (or with a new lease), since every write is an
+	// event for every node's watch and a revision etcd keeps until
+	// compacted; the lease's keep-alive alone keeps the node a member.
+	load.FreeMemoryMB = load.FreeMemoryMB / 256 * 256
+	c.mu.Lock()
+	same := lease == c.written.lease && loadEqual(load, c.written.load)
+	c.mu.Unlock()
+	if same {
+		return nil
+	}
 	n := Node{Name: c.cfg.Name, URL: c.cfg.URL, Version: c.cfg.Version, Started: c.started,
 		Updated: time.Now().UTC().Truncate(time.Millisecond), Load: load}
 	b, err := json.Marshal(n)
@@ -299,7 +317,55 @@ func (c *Cluster) register(ctx context.Context) error {
 		}
 		return fmt.Errorf("register node: %w", err)
 	}
+	c.mu.Lock()
+	c.written.lease, c.written.load = lease, load
+	c.mu.Unlock()
 	return nil
+}
+
+func loadEqual(a, b Load) bool {
+	return slices.Equal(a.Backends, b.Backends) && a.MaxSandboxes == b.MaxSandboxes && a.Live == b.Live &&
+		a.FreeMemoryMB == b.FreeMemoryMB && a.Draining == b.Draining && maps.Equal(a.Pools, b.Pools)
+}
+
+// compactEvery is how often etcd's history is compacted, and
+// compactKeep how many revisions are kept behind the newest: enough for a
+// watch that broke a moment ago to resume, little enough that the node
+// records' and catalog's old versions do not fill etcd's quota.
+const (
+	compactEvery = 5 * time.Minute
+	compactKeep  = 10000
+)
+
+// maybeCompact compacts etcd's history every compactEvery, from one node
+// only: the live member whose name sorts first.
+func (c *Cluster) maybeCompact(ctx context.Context) {
+	c.mu.Lock()
+	first := c.cfg.Name
+	for name := range c.nodes {
+		if name < first {
+			first = name
+		}
+	}
+	due := time.Since(c.compacted) > compactEvery
+	c.mu.Unlock()
+	if first != c.cfg.Name || !due {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	resp, err := c.cli.Get(cctx, c.nodeKey(c.cfg.Name))
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	c.compacted = time.Now()
+	c.mu.Unlock()
+	if rev := resp.Header.Revision - compactKeep; rev > 0 {
+		if _, err := c.cli.Compact(cctx, rev); err != nil && !strings.Contains(err.Error(), "compacted") {
+			c.log.Warn("cluster: compact etcd's history", "revision", rev, "err", err)
+		}
+	}
 }
 
 func isLeaseGone(err error) bool {
@@ -332,7 +398,10 @@ func (c *Cluster) setOK() {
 func (c *Cluster) Degraded() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.problem != "" {
+	// One failed call is not a degraded node: etcd answering again
+	// within half a lease (its own elections take a second or so) is
+	// ordinary.
+	if c.problem != "" && (c.lastOK.IsZero() || time.Since(c.lastOK) > c.cfg.LeaseTTL/2) {
 		return c.problem
 	}
 	if !c.synced {
@@ -427,7 +496,7 @@ func (c *Cluster) applyNode(name string, val []byte) {
 		return
 	}
 	c.nodes[name] = n
-	c.pending[name] = 0
+	delete(c.pending, name)
 }
 
 func (c *Cluster) resetNodes(all map[string][]byte) {
@@ -653,21 +722,35 @@ func (c *Cluster) Place(backend string) ([]Node, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var fit []Node
-	for _, n := range c.nodes {
-		if n.Draining || n.URL == "" || n.MaxSandboxes-n.Live-c.pending[n.Name] <= 0 {
-			continue
+	fits := func(withPending bool) []Node {
+		var fit []Node
+		for _, n := range c.nodes {
+			room := n.MaxSandboxes - n.Live
+			if withPending {
+				room -= c.pendingOf(n.Name)
+			}
+			if n.Draining || n.URL == "" || room <= 0 {
+				continue
+			}
+			if backend != "" && !slices.Contains(n.Backends, backend) {
+				continue
+			}
+			fit = append(fit, n)
 		}
-		if backend != "" && !slices.Contains(n.Backends, backend) {
-			continue
-		}
-		fit = append(fit, n)
+		return fit
+	}
+	fit := fits(true)
+	if len(fit) == 0 {
+		// The creates placed since the records were written may not all
+		// have come (refused, failed, or still to be counted): the
+		// records alone decide, and a full node refuses for itself.
+		fit = fits(false)
 	}
 	rand.Shuffle(len(fit), func(i, j int) { fit[i], fit[j] = fit[j], fit[i] })
 	if len(fit) > c.cfg.Candidates {
 		fit = fit[:c.cfg.Candidates]
 	}
-	free := func(n Node) int { return n.MaxSandboxes - n.Live - c.pending[n.Name] }
+	free := func(n Node) int { return n.MaxSandboxes - n.Live - c.pendingOf(n.Name) }
 	sort.SliceStable(fit, func(i, j int) bool {
 		if fi, fj := free(fit[i]), free(fit[j]); fi != fj {
 			return fi > fj
@@ -677,9 +760,31 @@ func (c *Cluster) Place(backend string) ([]Node, error) {
 	if len(fit) > 0 {
 		// Until the node's next record counts it, the sandbox placed
 		// there now is counted here, so a burst of creates spreads.
-		c.pending[fit[0].Name]++
+		p := c.pending[fit[0].Name]
+		if p.n == 0 || time.Since(p.since) > 2*c.cfg.Refresh {
+			p = pending{since: time.Now()}
+		}
+		p.n++
+		c.pending[fit[0].Name] = p
 	}
 	return fit, nil
+}
+
+// pending counts the creates placed on a node since since: until its
+// record counts them. A node whose record has not changed within two
+// refreshes did not get them (they failed, or went elsewhere), so they
+// stop counting.
+type pending struct {
+	n     int
+	since time.Time
+}
+
+func (c *Cluster) pendingOf(name string) int {
+	p := c.pending[name]
+	if time.Since(p.since) > 2*c.cfg.Refresh {
+		return 0
+	}
+	return p.n
 }
 
 // Stats are figures of this node's view, for metrics and the simulation.

@@ -115,12 +115,15 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu       sync.Mutex
-	entries  map[string]*entry
-	limiters map[string]*rate.Limiter // per owner, with OwnerCreateRate
-	volumes  map[string]*volume       // by volumeKey
-	snaps    map[string]*snap         // snapshots by ID
-	recs     map[string]*recorder     // recordings by ID
+	mu      sync.Mutex
+	entries map[string]*entry
+	// elsewhere counts an owner's live sandboxes on the other nodes of a
+	// cluster (SetElsewhere); nil on a single host.
+	elsewhere func(owner string) int
+	limiters  map[string]*rate.Limiter // per owner, with OwnerCreateRate
+	volumes   map[string]*volume       // by volumeKey
+	snaps     map[string]*snap         // snapshots by ID
+	recs      map[string]*recorder     // recordings by ID
 	// gaugeKeys are the (state, backend) series of cubicle_sandboxes set
 	// last, so that updateGaugesLocked can delete the ones that go away.
 	gaugeKeys map[[2]string]int
@@ -1196,6 +1199,15 @@ func (m *Manager) List(ctx context.Context, f Filter) []Sandbox {
 	return out
 }
 
+// SetElsewhere makes the per-owner quota (Config.MaxPerOwner) count the
+// owner's live sandboxes on the other nodes of a cluster too, as f says.
+// f is called with the manager's lock held and must not call back.
+func (m *Manager) SetElsewhere(f func(owner string) int) {
+	m.mu.Lock()
+	m.elsewhere = f
+	m.mu.Unlock()
+}
+
 // Owners returns the owner (CreateRequest.Owner) of every sandbox the
 // manager holds, by ID: the cluster catalog records it, so that per-key
 // quotas count a key's sandboxes on every node.
@@ -1372,6 +1384,9 @@ func (m *Manager) activeLocked() int {
 // claimed from a pool among them.
 func (m *Manager) activeOfLocked(owner string) int {
 	n := m.claims[owner]
+	if m.elsewhere != nil {
+		n += m.elsewhere(owner)
+	}
 	for _, e := range m.entries {
 		if e.rec.Sandbox.State.holdsSlot() && e.rec.Request.Owner == owner {
 			n++

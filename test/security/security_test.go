@@ -31,6 +31,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/client"
 	"github.com/cubicle-dev/cubicle/internal/api"
+	"github.com/cubicle-dev/cubicle/internal/cluster/etcdtest"
 	"github.com/cubicle-dev/cubicle/internal/e2b"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/test/harness"
@@ -60,6 +61,7 @@ type env struct {
 	other   string // a second sandbox (E2B, secure)
 	token   string // envd access token of other
 	secret  []string
+	logs    []string // every daemon's log (two in cluster mode)
 }
 
 func imageDir() string {
@@ -69,42 +71,89 @@ func imageDir() string {
 	return "/var/lib/cubicle/images"
 }
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T) *env { return setupNodes(t, false) }
+
+// setupNodes starts the daemon the suite attacks: one, or in cluster mode
+// two nodes on a real etcd, where the suite talks to node a and both
+// sandboxes are placed on node b (it has room for ten, a for one), so that
+// every sandbox request is one node passing it to another.
+func setupNodes(t *testing.T, cluster bool) *env {
 	t.Helper()
 	needs.Root(t)
 	needs.Runtime(t, "runsc")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	dataDir, err := os.MkdirTemp("", "cubicle-security-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	// An E2B-format key: the native API and E2B's control plane both take it.
 	key := "e2b_5ec0e1d4c0ffee5ec0e1d4c0ffee5ec0e1d4c0ff"
 	// The key may have two live sandboxes: the two this suite makes.
-	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), APIKey: key,
-		Env: []string{"CUBICLE_LOG_LEVEL=debug"}, Args: []string{"--key-max-sandboxes", "2"}})
-	if err != nil {
-		os.RemoveAll(dataDir)
-		t.Fatal(err)
+	common := []string{"--key-max-sandboxes", "2"}
+	names := []string{"single"}
+	var etcd *etcdtest.Cluster
+	if cluster {
+		etcd = etcdtest.Start(t, 1)
+		names = []string{"a", "b"}
 	}
-	c := client.New(d.URL, client.WithAPIKey(key), client.WithTimeout(3*time.Minute))
-	e := &env{t: t, d: d, c: c, key: key, dataDir: dataDir}
+	e := &env{t: t, key: key}
+	var daemons []*harness.Daemon
+	var dirs []string
 	t.Cleanup(func() {
-		if sbs, err := c.List(context.Background(), client.ListOptions{}); err == nil {
-			for _, sb := range sbs {
-				c.Destroy(context.Background(), sb.ID)
+		if e.c != nil {
+			if sbs, err := e.c.List(context.Background(), client.ListOptions{}); err == nil {
+				for _, sb := range sbs {
+					e.c.Destroy(context.Background(), sb.ID)
+				}
 			}
 		}
-		d.Stop()
-		if t.Failed() {
-			log, _ := os.ReadFile(d.Log)
-			lines := strings.Split(string(log), "\n")
-			t.Logf("cubicled log (tail):\n%s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		for _, d := range daemons {
+			d.Stop()
+			if t.Failed() {
+				log, _ := os.ReadFile(d.Log)
+				lines := strings.Split(string(log), "\n")
+				t.Logf("cubicled log (tail):\n%s", strings.Join(lines[max(0, len(lines)-40):], "\n"))
+			}
 		}
-		os.RemoveAll(dataDir)
+		for _, dir := range dirs {
+			os.RemoveAll(dir)
+		}
 	})
+	for _, name := range names {
+		dataDir, err := os.MkdirTemp("", "cubicle-security-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, dataDir)
+		args := common
+		if cluster {
+			slots := map[string]string{"a": "1", "b": "10"}[name]
+			args = append(slices.Clone(common), "--cluster-etcd", strings.Join(etcd.Endpoints(), ","), "--node-name", name, "--max-sandboxes", slots)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), APIKey: key,
+			Env: []string{"CUBICLE_LOG_LEVEL=debug"}, Args: args})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		daemons = append(daemons, d)
+		e.logs = append(e.logs, d.Log)
+	}
+	// The suite talks to the first; sandboxes live on the last.
+	e.d, e.dataDir = daemons[0], dirs[len(dirs)-1]
+	c := client.New(e.d.URL, client.WithAPIKey(key), client.WithTimeout(3*time.Minute))
+	e.c = c
+	if cluster {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			info, err := c.Info(context.Background())
+			if err == nil && info.Cluster != nil && len(info.Cluster.Nodes) == 2 && info.Cluster.Degraded == "" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the cluster did not form: %+v, %v", info.Cluster, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	var err error
 	e.sb, err = c.Create(context.Background(), client.CreateRequest{})
 	if err != nil {
 		t.Fatalf("create: %v", err)
@@ -121,6 +170,13 @@ func setup(t *testing.T) *env {
 		t.Fatalf("E2B create: %d %s", resp.code, resp.body)
 	}
 	e.other, e.token = created.SandboxID, created.EnvdAccessToken
+	if cluster {
+		for _, id := range []string{e.sb.ID, e.other} {
+			if sb, err := c.Get(context.Background(), id); err != nil || sb.Node != "b" {
+				t.Fatalf("sandbox %s is on %q (%v); the cluster suite wants both on b", id, sb.Node, err)
+			}
+		}
+	}
 	e.secret = []string{key, created.EnvdAccessToken}
 	if created.TrafficAccessTok != "" {
 		e.secret = append(e.secret, created.TrafficAccessTok)
@@ -221,8 +277,16 @@ func badKeys(key string) [][]string {
 	}
 }
 
-func TestSecurity(t *testing.T) {
-	e := setup(t)
+func TestSecurity(t *testing.T) { securitySuite(t, setup(t)) }
+
+// TestSecurityCluster is the same suite against node a of a two-node
+// cluster whose sandboxes are on node b: whatever a client sends to a,
+// the request that b gets must be no more authenticated than the client
+// was (the forwarding header grants nothing), and neither node's log may
+// hold a secret.
+func TestSecurityCluster(t *testing.T) { securitySuite(t, setupNodes(t, true)) }
+
+func securitySuite(t *testing.T, e *env) {
 	native, e2bRoutes := routes(t)
 	n := tally{}
 	before := e.inventory()
@@ -542,16 +606,18 @@ print("typing socket, other path:", ask("/run/cubicle-input/type.sock", b"GET /p
 		t.Errorf("exec after the attacks: %+v %v", res, err)
 	}
 
-	// No key or token in the log, whole or as a long prefix.
-	log, err := os.ReadFile(e.d.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range e.secret {
-		for _, part := range []string{s, s[:min(len(s), 16)]} {
-			n["secret in the log"]++
-			if bytes.Contains(log, []byte(part)) {
-				t.Errorf("the daemon's log contains a secret (%d bytes of one)", len(part))
+	// No key or token in any daemon's log, whole or as a long prefix.
+	for _, path := range e.logs {
+		log, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range e.secret {
+			for _, part := range []string{s, s[:min(len(s), 16)]} {
+				n["secret in the log"]++
+				if bytes.Contains(log, []byte(part)) {
+					t.Errorf("the daemon's log %s contains a secret (%d bytes of one)", path, len(part))
+				}
 			}
 		}
 	}
