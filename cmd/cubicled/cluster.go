@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,10 @@ type clusterFlags struct {
 // catalog's truth (the manager) seen through cluster.Local.
 type clusterNode struct {
 	mgr *sandbox.Manager
+	// drainFile drains the node while it exists: an operator's switch
+	// (touch it before maintenance, remove it after), kept out of the
+	// API, where every key is a tenant.
+	drainFile string
 }
 
 // Load is the node's capacity and load, for placement.
@@ -44,6 +49,9 @@ func (n clusterNode) Load(ctx context.Context) cluster.Load {
 	c := n.mgr.Capacity()
 	l.MaxSandboxes, l.Live = c.MaxSandboxes, c.Running
 	l.FreeMemoryMB = availableMemoryMB()
+	if _, err := os.Stat(n.drainFile); err == nil {
+		l.Draining = true
+	}
 	for _, p := range n.mgr.Pools() {
 		if l.Pools == nil {
 			l.Pools = map[string]int{}
@@ -108,7 +116,7 @@ func advertiseURL(flagValue string, ln net.Addr) (string, error) {
 
 // startCluster joins the cluster when --cluster-etcd is set; nil without
 // it (a single host).
-func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox.Manager, m *metrics.Metrics, log *slog.Logger) (*cluster.Cluster, func(), error) {
+func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox.Manager, dataDir string, m *metrics.Metrics, log *slog.Logger) (*cluster.Cluster, func(), error) {
 	if f.etcd == "" {
 		return nil, func() {}, nil
 	}
@@ -131,7 +139,7 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	c, err := cluster.New(cluster.Config{
 		Endpoints: endpoints, Name: name, URL: adv, Version: version,
 		LeaseTTL: f.leaseTTL, Candidates: f.candidates,
-		Local: clusterNode{mgr: mgr}, Log: log,
+		Local: clusterNode{mgr: mgr, drainFile: filepath.Join(dataDir, "drain")}, Log: log,
 	})
 	if err != nil {
 		return nil, nil, err

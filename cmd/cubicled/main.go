@@ -305,7 +305,7 @@ func run() error {
 		Version:      version,
 		Log:          log,
 	})
-	clu, stopCluster, err := startCluster(ctx, cf, ln.Addr(), mgr, m, log)
+	clu, stopCluster, err := startCluster(ctx, cf, ln.Addr(), mgr, *dataDir, m, log)
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("cluster: %w", err)

@@ -244,6 +244,11 @@ func (s *server) placeCreate(w http.ResponseWriter, r *http.Request, backend str
 		return false
 	}
 	if len(nodes) == 0 {
+		if c.Draining() {
+			s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+				msg: "this node is draining, and no other node of the cluster has room for the sandbox"})
+			return true
+		}
 		if !native {
 			return false
 		}

@@ -418,11 +418,12 @@ func (c *Cluster) Drain(on bool) {
 	c.mu.Unlock()
 }
 
-// Draining reports whether this node is draining.
+// Draining reports whether this node is draining (by Drain, or as its
+// Local's load says).
 func (c *Cluster) Draining() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.draining
+	return c.draining || c.written.load.Draining
 }
 
 // watchLoop loads a prefix and follows it, starting again from a fresh

@@ -116,7 +116,8 @@ func (tc *testCluster) health(name string) string {
 // creates 9 sandboxes, which spread over all three nodes, and drives
 // each through a (screenshot, click, command, files, live view). Node b
 // is killed -9: its sandboxes turn lost within the lease, creates go to
-// a and c, and once b is back they are running again. One etcd member
+// a and c, and once b is back they are running again. A drained node takes
+// no new sandbox. One etcd member
 // stopped changes nothing; two stopped leave every node serving its own
 // sandboxes and saying it is degraded; restored, the catalog converges.
 // Nothing is left on the host.
@@ -157,6 +158,32 @@ func TestCluster(t *testing.T) {
 	if err != nil || len(list) != 9 {
 		t.Fatalf("list through a: %d sandboxes, %v; want 9", len(list), err)
 	}
+
+	// Drained (the operator's file in its data dir), a takes no new
+	// sandboxes: creates through it go to b and c, and its own run on.
+	drain := filepath.Join(tc.dirs["a"], "drain")
+	if err := os.WriteFile(drain, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a draining", func() bool {
+		info, err := a.Info(ctx)
+		return err == nil && info.Cluster != nil && info.Cluster.Draining
+	})
+	for range 2 {
+		sb, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+		if err != nil {
+			t.Fatalf("create through draining a: %v", err)
+		}
+		if sb.Node == "a" {
+			t.Fatal("a draining node took a new sandbox")
+		}
+		sbs = append(sbs, sb)
+	}
+	os.Remove(drain)
+	waitFor(t, "a undrained", func() bool {
+		info, err := a.Info(ctx)
+		return err == nil && info.Cluster != nil && !info.Cluster.Draining
+	})
 
 	// kill -9 of b: its sandboxes turn lost within the lease.
 	var onB []string
