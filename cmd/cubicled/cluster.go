@@ -147,11 +147,7 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	// --key-max-sandboxes counts a key's sandboxes on every node: the
 	// manager checks it after a create's own checks, so a bad request is
 	// told what is wrong with it first.
-	mgr.SetElsewhere(func(owner string) int {
-		return len(c.Entries(func(e cluster.Entry) bool {
-			return e.Node != name && e.Owner == owner && api.HoldsSlot(e.State)
-		}))
-	})
+	mgr.SetElsewhere(c.LiveOf)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(cctx) }()

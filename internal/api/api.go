@@ -197,6 +197,10 @@ type Mount struct {
 	// like a native create.
 	Sandbox func(*http.Request) string
 	Creates func(*http.Request) bool
+	// Placeable reports whether a create's body may go to any node;
+	// false keeps it on the node it reached (it names a snapshot or
+	// volumes, which stay on their node). nil: always.
+	Placeable func(body []byte) bool
 }
 
 func (c Config) withDefaults() Config {
@@ -240,7 +244,10 @@ type server struct {
 	create  *rate.Limiter
 	mux     *http.ServeMux
 	auth    map[string]authMode // by pattern
-	views   sync.WaitGroup      // open live views
+	// lookups bounds the etcd reads that requests without an API key
+	// may cause (cluster mode: an id not in the watched catalog).
+	lookups *rate.Limiter
+	views   sync.WaitGroup // open live views
 }
 
 // authMode is how a route authenticates.
@@ -404,6 +411,7 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 		create:  rate.NewLimiter(cfg.CreateRate, cfg.CreateBurst),
 		mux:     http.NewServeMux(),
 		auth:    map[string]authMode{},
+		lookups: rate.NewLimiter(20, 20),
 	}
 	for _, rt := range s.routes() {
 		h := rt.handler

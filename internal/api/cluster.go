@@ -24,7 +24,7 @@ import (
 // catalog to keep current.
 type Cluster interface {
 	Name() string
-	Locate(ctx context.Context, id string) (cluster.Location, bool, error)
+	Locate(ctx context.Context, id string, remote bool) (cluster.Location, bool, error)
 	Place(backend string) ([]cluster.Node, error)
 	Nodes() []cluster.Node
 	Node(name string) (cluster.Node, bool)
@@ -55,6 +55,7 @@ var clusterTransport = func() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = 64
 	t.ResponseHeaderTimeout = 0 // exec streams and live views answer late
+	t.Proxy = nil               // clients' keys go to the node, never through an HTTP_PROXY
 	return t
 }()
 
@@ -83,7 +84,12 @@ func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string)
 	if _, err := s.mgr.Get(r.Context(), id); !errors.Is(err, errdefs.ErrNotFound) {
 		return false // this node's own, served without asking etcd
 	}
-	loc, found, err := s.cfg.Cluster.Locate(r.Context(), id)
+	// An id the watched catalog does not hold yet (made a moment ago) is
+	// looked up in etcd for a key, and for requests without one (token
+	// routes, checked by the sandbox's node) at a bounded rate, so that
+	// strangers' random ids cannot load etcd.
+	remote := s.keys.Authorized(r) || s.lookups.Allow()
+	loc, found, err := s.cfg.Cluster.Locate(r.Context(), id, remote)
 	if (err != nil || (found && !loc.Alive)) && !s.keys.Authorized(r) {
 		// Only this node could answer, and only an API key may learn
 		// that the sandbox exists: a view token's or envd token's route
@@ -108,20 +114,28 @@ func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string)
 // and data planes): a create is placed, a request about another node's
 // sandbox is passed there. It reports whether it answered.
 func (s *server) clusterMount(w http.ResponseWriter, r *http.Request, m *Mount) bool {
-	if s.cfg.Cluster == nil || forwarded(r) {
+	if s.cfg.Cluster == nil {
 		return false
 	}
-	if m.Creates != nil && m.Creates(r) {
+	creates := m.Creates != nil && m.Creates(r)
+	if forwarded(r) {
+		return creates && s.refuseDraining(w, r)
+	}
+	if creates {
 		if !s.keys.Authorized(r) {
 			return false // the mount refuses it in its own shape
 		}
 		body, err := io.ReadAll(io.LimitReader(r.Body, s.cfg.MaxBodyBytes+1))
-		if err != nil {
-			return false // the handler meets the same broken body
+		// Whatever was read goes back in front of the rest.
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		if err != nil || int64(len(body)) > s.cfg.MaxBodyBytes {
+			return false // the handler meets the same body, and refuses it
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if int64(len(body)) > s.cfg.MaxBodyBytes {
-			return false // the handler refuses it
+		if m.Placeable != nil && !m.Placeable(body) {
+			return false // made here, where its snapshot or volumes are
 		}
 		return s.placeCreate(w, r, "", body, false)
 	}
@@ -137,10 +151,13 @@ func (s *server) clusterMount(w http.ResponseWriter, r *http.Request, m *Mount) 
 // created or deleted a sandbox here (the native API writes its entries
 // itself; a mount's handler knows nothing of the cluster).
 func (s *server) clusterMountDone(r *http.Request, m *Mount, status int) {
-	if s.cfg.Cluster == nil || status >= 300 || status == 0 && r.Method == http.MethodGet {
+	// The control plane's only (the mount that places creates), and
+	// only what it answered with success: a data-plane request, or a
+	// refused one, changes no sandbox.
+	if s.cfg.Cluster == nil || m.Creates == nil || status < 200 || status >= 300 {
 		return
 	}
-	if (m.Creates != nil && m.Creates(r)) || r.Method == http.MethodDelete {
+	if m.Creates(r) || (r.Method == http.MethodDelete && m.Sandbox != nil && m.Sandbox(r) != "") {
 		if err := s.cfg.Cluster.Sync(r.Context()); err != nil {
 			s.log.Warn("cluster: catalog sync after a create; the next reconcile does it", "err", err)
 		}
@@ -197,8 +214,12 @@ func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string
 			if r.Context().Err() != nil {
 				return
 			}
-			s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable,
-				msg: fmt.Sprintf("node %s, which holds this sandbox, did not answer: %v", node, err)})
+			s.log.Warn("cluster: the sandbox's node did not answer", "node", node, "err", err)
+			msg := "the node that holds this sandbox did not answer; retry"
+			if s.keys.Authorized(r) {
+				msg = fmt.Sprintf("node %s, which holds this sandbox, did not answer (%v); retry", node, err)
+			}
+			s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable, msg: msg})
 		},
 	}
 	rp.ServeHTTP(w, r)
@@ -209,8 +230,11 @@ func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string
 // it answered (false: create here).
 func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandbox.CreateRequest, body []byte) bool {
 	c := s.cfg.Cluster
-	if c == nil || forwarded(r) {
+	if c == nil {
 		return false
+	}
+	if forwarded(r) {
+		return s.refuseDraining(w, r)
 	}
 	if len(req.Volumes) > 0 || req.FromSnapshot != "" {
 		// Volumes and snapshots stay on the node that has them: such a
@@ -222,6 +246,19 @@ func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandb
 		backend = "" // each node resolves auto itself
 	}
 	return s.placeCreate(w, r, backend, body, true)
+}
+
+// refuseDraining answers 503 to a create passed here while this node
+// drains (the sender tries its next candidate), and reports whether it
+// did: a client that sends the forwarded header itself does not get
+// past a drain either.
+func (s *server) refuseDraining(w http.ResponseWriter, r *http.Request) bool {
+	if !s.cfg.Cluster.Draining() {
+		return false
+	}
+	s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
+		msg: "node " + s.cfg.Cluster.Name() + " is draining and takes no new sandbox"})
+	return true
 }
 
 // placeCreate places a create of backend ("" for any) whose body is
@@ -299,7 +336,8 @@ func (s *server) forwardCreate(w http.ResponseWriter, r *http.Request, n cluster
 		return true
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusServiceUnavailable && !last {
+	// 503: the node is full or draining; 429 is how E2B's API says full.
+	if (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) && !last {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return false
 	}
@@ -309,16 +347,6 @@ func (s *server) forwardCreate(w http.ResponseWriter, r *http.Request, n cluster
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
 	return true
-}
-
-// HoldsSlot mirrors the manager's: the states a sandbox counts against
-// capacity and quotas in.
-func HoldsSlot(state string) bool {
-	switch sandbox.State(state) {
-	case sandbox.StateStarting, sandbox.StateRunning, sandbox.StatePausing, sandbox.StateResuming:
-		return true
-	}
-	return false
 }
 
 // clusterList adds the sandboxes of the other nodes to a list: each live
@@ -445,6 +473,10 @@ func (s *server) catalogRemove(ctx context.Context, id string) {
 
 // CatalogEntry is sandbox sb of owner as the cluster's catalog holds it.
 func CatalogEntry(sb sandbox.Sandbox, owner string) (cluster.Entry, error) {
+	// Without what changes on every call (last activity): an entry is
+	// written when the sandbox changes, not each time an agent acts.
+	sb.LastActiveAt = time.Time{}
+	sb.Node = ""
 	raw, err := json.Marshal(sb)
 	if err != nil {
 		return cluster.Entry{}, err

@@ -19,12 +19,13 @@ import (
 type fakeCluster struct {
 	b        string // node b's URL
 	degraded string
+	draining bool
 	puts     []cluster.Entry
 	mu       sync.Mutex
 }
 
 func (f *fakeCluster) Name() string { return "a" }
-func (f *fakeCluster) Locate(_ context.Context, id string) (cluster.Location, bool, error) {
+func (f *fakeCluster) Locate(_ context.Context, id string, _ bool) (cluster.Location, bool, error) {
 	switch id {
 	case "sbremote":
 		return cluster.Location{Entry: cluster.Entry{ID: id, Node: "b", State: "running"}, Alive: true, URL: f.b}, true, nil
@@ -47,7 +48,7 @@ func (f *fakeCluster) Node(name string) (cluster.Node, bool) {
 	return cluster.Node{}, false
 }
 func (f *fakeCluster) Degraded() string { return f.degraded }
-func (f *fakeCluster) Draining() bool   { return false }
+func (f *fakeCluster) Draining() bool   { return f.draining }
 func (f *fakeCluster) Put(_ context.Context, e cluster.Entry) error {
 	f.mu.Lock()
 	f.puts = append(f.puts, e)
@@ -59,7 +60,7 @@ func (f *fakeCluster) Sync(context.Context) error           { return nil }
 func (f *fakeCluster) Entries(keep func(cluster.Entry) bool) []cluster.Entry {
 	var out []cluster.Entry
 	for _, id := range []string{"sbremote", "sblost"} {
-		l, _, _ := f.Locate(context.Background(), id)
+		l, _, _ := f.Locate(context.Background(), id, true)
 		if keep == nil || keep(l.Entry) {
 			out = append(out, l.Entry)
 		}
@@ -164,6 +165,15 @@ func TestClusterProxy(t *testing.T) {
 	if last := b.body[len(b.body)-1]; last != `{"backend":"gvisor"}` {
 		t.Errorf("node b got the create body %q", last)
 	}
+
+	// A draining node refuses a create passed to it, even when the
+	// client sent the forwarded header itself.
+	fc.draining = true
+	w = e.do("POST", "/v1/sandboxes", strings.NewReader(`{}`), forwardedHeader, "b")
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "draining") {
+		t.Errorf("create forwarded to a draining node: %d %s", w.Code, w.Body.String())
+	}
+	fc.draining = false
 
 	// Degraded: still 200, saying so.
 	fc.degraded = "no quorum"

@@ -333,6 +333,12 @@ func (s *server) forkSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	if s.cfg.Cluster != nil {
+		for i := range sbs {
+			sbs[i].Node = s.cfg.Cluster.Name()
+			s.catalogPut(r.Context(), sbs[i], s.keys.Owner(r))
+		}
+	}
 	writeJSON(w, http.StatusCreated, forkResponse{Sandboxes: sbs})
 }
 

@@ -183,6 +183,9 @@ func New(cfg Config) (*Cluster, error) {
 	if cfg.Reconcile <= 0 {
 		cfg.Reconcile = DefaultReconcile
 	}
+	if cfg.Refresh > cfg.LeaseTTL/3 {
+		cfg.Refresh = cfg.LeaseTTL / 3 // three keep-alives per lease
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
@@ -235,22 +238,31 @@ func (c *Cluster) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
+	// Reconciling has a loop of its own: its writes, one per changed
+	// sandbox, must never hold up the lease's keep-alive.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			wait := c.cfg.Refresh // until registered, then every Reconcile
+			if c.Degraded() == "" {
+				if err := c.Reconcile(ctx); err != nil && ctx.Err() == nil {
+					c.log.Warn("cluster: reconcile", "err", err)
+				} else {
+					wait = c.cfg.Reconcile
+				}
+			}
+			sleepCtx(ctx, wait)
+		}
+	}()
 	refresh := time.NewTicker(c.cfg.Refresh)
 	defer refresh.Stop()
-	var nextReconcile time.Time
 	for {
 		if err := c.register(ctx); err != nil {
 			c.setProblem(err)
 		} else {
 			c.setOK()
 			c.maybeCompact(ctx)
-			if time.Now().After(nextReconcile) {
-				if err := c.Reconcile(ctx); err != nil {
-					c.log.Warn("cluster: reconcile", "err", err)
-				} else {
-					nextReconcile = time.Now().Add(c.cfg.Reconcile)
-				}
-			}
 		}
 		select {
 		case <-ctx.Done():
@@ -298,7 +310,11 @@ func (c *Cluster) register(ctx context.Context) error {
 	// compacted; the lease's keep-alive alone keeps the node a member.
 	load.FreeMemoryMB = load.FreeMemoryMB / 256 * 256
 	c.mu.Lock()
-	same := lease == c.written.lease && loadEqual(load, c.written.load)
+	// Written again when the record is gone from the watched view too
+	// (deleted by hand, or by another node's lease under the same name).
+	own, present := c.nodes[c.cfg.Name]
+	same := lease == c.written.lease && loadEqual(load, c.written.load) &&
+		(!c.synced || (present && own.URL == c.cfg.URL && own.Started.Equal(c.started)))
 	c.mu.Unlock()
 	if same {
 		return nil
@@ -500,13 +516,21 @@ func (c *Cluster) applyNode(name string, val []byte) {
 	delete(c.pending, name)
 }
 
+// resetNodes replaces the view of the members at once: never empty in
+// between, which would show every sandbox lost for a moment.
 func (c *Cluster) resetNodes(all map[string][]byte) {
-	c.mu.Lock()
-	c.nodes = map[string]Node{}
-	c.mu.Unlock()
-	for k, v := range all {
-		c.applyNode(k, v)
+	nodes := make(map[string]Node, len(all))
+	for name, v := range all {
+		var n Node
+		if err := json.Unmarshal(v, &n); err != nil || n.Name != name {
+			c.log.Warn("cluster: bad node record", "node", name, "err", err)
+			continue
+		}
+		nodes[name] = n
 	}
+	c.mu.Lock()
+	c.nodes = nodes
+	c.mu.Unlock()
 }
 
 func (c *Cluster) applyEntry(id string, val []byte) {
@@ -525,12 +549,18 @@ func (c *Cluster) applyEntry(id string, val []byte) {
 }
 
 func (c *Cluster) resetCatalog(all map[string][]byte) {
-	c.mu.Lock()
-	c.catalog = make(map[string]Entry, len(all))
-	c.mu.Unlock()
-	for k, v := range all {
-		c.applyEntry(k, v)
+	catalog := make(map[string]Entry, len(all))
+	for id, v := range all {
+		var e Entry
+		if err := json.Unmarshal(v, &e); err != nil || e.ID != id {
+			c.log.Warn("cluster: bad catalog entry", "sandbox", id, "err", err)
+			continue
+		}
+		catalog[id] = e
 	}
+	c.mu.Lock()
+	c.catalog = catalog
+	c.mu.Unlock()
 }
 
 // Nodes lists the live members, by name.
@@ -563,13 +593,16 @@ type Location struct {
 	URL string
 }
 
-// Locate finds sandbox id in the catalog: from the watched copy, or from
-// etcd for one created a moment ago that the watch has not brought yet.
-// found is false for an id the catalog does not hold.
-func (c *Cluster) Locate(ctx context.Context, id string) (loc Location, found bool, err error) {
+// Locate finds sandbox id in the catalog: from the watched copy, or,
+// with remote, from etcd for one created a moment ago that the watch has
+// not brought yet. found is false for an id the catalog does not hold.
+func (c *Cluster) Locate(ctx context.Context, id string, remote bool) (loc Location, found bool, err error) {
 	c.mu.Lock()
 	e, ok := c.catalog[id]
 	c.mu.Unlock()
+	if !ok && !remote {
+		return Location{}, false, nil
+	}
 	if !ok {
 		cctx, cancel := context.WithTimeout(ctx, callTimeout)
 		resp, gerr := c.cli.Get(cctx, c.entryKey(id))
@@ -588,6 +621,29 @@ func (c *Cluster) Locate(ctx context.Context, id string) (loc Location, found bo
 	n, alive := c.nodes[e.Node]
 	c.mu.Unlock()
 	return Location{Entry: e, Alive: alive, URL: n.URL}, true, nil
+}
+
+// LiveOf counts owner's sandboxes that take a slot (starting, running,
+// pausing, resuming) on the live nodes other than this one: the rest of
+// the cluster's part of a per-key quota. A lost node's sandboxes do not
+// count while it is gone.
+func (c *Cluster) LiveOf(owner string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, e := range c.catalog {
+		if e.Owner != owner || e.Node == c.cfg.Name {
+			continue
+		}
+		if _, alive := c.nodes[e.Node]; !alive {
+			continue
+		}
+		switch e.State {
+		case "starting", "running", "pausing", "resuming":
+			n++
+		}
+	}
+	return n
 }
 
 // Entries returns the catalog's entries that keep returns true for.

@@ -111,11 +111,11 @@ func TestMembershipCatalogAndLoss(t *testing.T) {
 	if err := b.Put(context.Background(), e); err != nil {
 		t.Fatal(err)
 	}
-	loc, found, err := a.Locate(context.Background(), "sb1")
+	loc, found, err := a.Locate(context.Background(), "sb1", true)
 	if err != nil || !found || loc.Node != "b" || !loc.Alive || loc.URL != "http://b.test" {
 		t.Fatalf("Locate(sb1) from a = %+v, %v, %v", loc, found, err)
 	}
-	if _, found, err := a.Locate(context.Background(), "nosuch"); err != nil || found {
+	if _, found, err := a.Locate(context.Background(), "nosuch", true); err != nil || found {
 		t.Fatalf("Locate(nosuch) = found %v, %v", found, err)
 	}
 
@@ -123,13 +123,13 @@ func TestMembershipCatalogAndLoss(t *testing.T) {
 	b.local.add(Entry{ID: "sb2", State: "starting", Created: now})
 	b.local.remove("sb1")
 	waitUntil(t, 5*time.Second, "the catalog to follow b's store", func() bool {
-		_, f1, _ := a.Locate(context.Background(), "sb1")
-		l2, f2, _ := a.Locate(context.Background(), "sb2")
+		_, f1, _ := a.Locate(context.Background(), "sb1", true)
+		l2, f2, _ := a.Locate(context.Background(), "sb2", true)
 		return !f1 && f2 && l2.State == "starting"
 	})
 	b.local.add(Entry{ID: "sb2", State: "running", Created: now})
 	waitUntil(t, 5*time.Second, "sb2's state change in a's view", func() bool {
-		l, _, _ := a.Locate(context.Background(), "sb2")
+		l, _, _ := a.Locate(context.Background(), "sb2", true)
 		return l.State == "running"
 	})
 
@@ -137,7 +137,7 @@ func TestMembershipCatalogAndLoss(t *testing.T) {
 	// a sees its sandbox lost, and places nothing there.
 	b.stop()
 	took := waitUntil(t, 10*time.Second, "sb2 lost", func() bool {
-		l, found, _ := a.Locate(context.Background(), "sb2")
+		l, found, _ := a.Locate(context.Background(), "sb2", true)
 		return found && !l.Alive
 	})
 	t.Logf("b's sandbox seen lost %v after b stopped (lease 2 s)", took)
@@ -151,7 +151,7 @@ func TestMembershipCatalogAndLoss(t *testing.T) {
 	// b comes back with the same store: its entry is its own again.
 	b2 := startNode(t, etcd.Endpoints(), "b", b.local, 2*time.Second)
 	waitUntil(t, 10*time.Second, "sb2 alive again", func() bool {
-		l, found, _ := a.Locate(context.Background(), "sb2")
+		l, found, _ := a.Locate(context.Background(), "sb2", true)
 		return found && l.Alive && b2.Degraded() == ""
 	})
 }
@@ -213,7 +213,7 @@ func TestQuorumLoss(t *testing.T) {
 	e := Entry{ID: "sb1", State: "running", Created: time.Now().UTC()}
 	b.local.add(e)
 	waitUntil(t, 10*time.Second, "sb1 in a's view", func() bool {
-		l, found, _ := a.Locate(context.Background(), "sb1")
+		l, found, _ := a.Locate(context.Background(), "sb1", true)
 		return found && l.Alive && a.Degraded() == ""
 	})
 
@@ -235,7 +235,7 @@ func TestQuorumLoss(t *testing.T) {
 	if _, err := a.Place("gvisor"); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Place without quorum = %v, want ErrUnavailable", err)
 	}
-	if l, found, _ := a.Locate(context.Background(), "sb1"); !found || l.Node != "b" {
+	if l, found, _ := a.Locate(context.Background(), "sb1", true); !found || l.Node != "b" {
 		t.Fatalf("Locate without quorum = %+v, %v", l, found)
 	}
 
@@ -246,8 +246,8 @@ func TestQuorumLoss(t *testing.T) {
 	etcd.StartNoWait(0)
 	etcd.StartNoWait(1)
 	took := waitUntil(t, 30*time.Second, "the catalog to converge", func() bool {
-		_, f1, _ := a.Locate(context.Background(), "sb1")
-		l2, f2, _ := a.Locate(context.Background(), "sb2")
+		_, f1, _ := a.Locate(context.Background(), "sb1", true)
+		l2, f2, _ := a.Locate(context.Background(), "sb2", true)
 		return a.Degraded() == "" && b.Degraded() == "" && !f1 && f2 && l2.Alive
 	})
 	t.Logf("converged %v after the members were started again", took)

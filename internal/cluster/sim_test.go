@@ -268,7 +268,7 @@ func TestSimulation(t *testing.T) {
 		}
 		for _, n := range alive {
 			for i, id := range deadIDs {
-				loc, found, err := n.Locate(ctx, id)
+				loc, found, err := n.Locate(ctx, id, true)
 				if err != nil || !found || loc.Alive {
 					return false
 				}

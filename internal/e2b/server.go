@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -287,6 +288,23 @@ func SandboxOfPath(p string) string {
 // mode it is placed on a node like a native create.
 func IsCreate(r *http.Request) bool {
 	return r.Method == http.MethodPost && (r.URL.Path == "/sandboxes" || r.URL.Path == "/v2/sandboxes")
+}
+
+// Placeable reports whether a create's body may be placed on any node of
+// a cluster: it names a template every node has, and no volumes. A
+// snapshot (a templateID that is no template) or volumes stay on the node
+// the create reached, where they are; so does a body that does not parse
+// (the create refuses it there).
+func (s *Server) Placeable(body []byte) bool {
+	var in struct {
+		TemplateID   *string           `json:"templateID"`
+		VolumeMounts []json.RawMessage `json:"volumeMounts"`
+	}
+	if json.Unmarshal(body, &in) != nil || in.TemplateID == nil || len(in.VolumeMounts) > 0 {
+		return false
+	}
+	_, ok := s.templates[*in.TemplateID]
+	return ok
 }
 
 func ownsPath(p string) bool {
