@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/cluster"
+	"github.com/cubicle-dev/cubicle/internal/cluster/etcdtest"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
 	"github.com/cubicle-dev/cubicle/test/harness"
@@ -46,12 +48,20 @@ func TestCrashRestart(t *testing.T) {
 	for i, backend := range selectedBackends("gvisor") {
 		t.Run(backend, func(t *testing.T) {
 			needsBackend(t, backend)
-			testCrashRestart(t, backend, fmt.Sprintf("cbcrash%d", i), fmt.Sprintf("10.89.%d.0/24", 20+i))
+			testCrashRestart(t, backend, fmt.Sprintf("cbcrash%d", i), fmt.Sprintf("10.89.%d.0/24", 20+i), nil)
 		})
 	}
+	// The same, the daemon being a cluster node (on a real etcd, in this
+	// namespace): its catalog entries must follow what its store holds
+	// after every kill, with none left of a sandbox that is gone.
+	t.Run("gvisor-cluster-node", func(t *testing.T) {
+		needsBackend(t, "gvisor")
+		etcd := etcdtest.Start(t, 1)
+		testCrashRestart(t, "gvisor", "cbcrashcl", "10.89.40.0/24", etcd.Endpoints())
+	})
 }
 
-func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
+func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string) {
 	rounds := 12
 	if s := os.Getenv("CUBICLE_CRASH_ROUNDS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -59,6 +69,41 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 			t.Fatalf("CUBICLE_CRASH_ROUNDS=%q", s)
 		}
 		rounds = n
+	}
+	args := []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr}
+	var catalog *cluster.Cluster
+	if etcd != nil {
+		rounds = min(rounds, 8)
+		args = append(args, "--cluster-etcd", strings.Join(etcd, ","), "--node-name", "crash", "--lease-ttl", "4s")
+		var err error
+		// A reader of the catalog, as another node sees it.
+		catalog, err = cluster.New(cluster.Config{Endpoints: etcd, Name: "crash-test-reader"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); catalog.Run(rctx) }()
+		t.Cleanup(func() { stop(); <-done; catalog.Close() })
+	}
+	// inCatalog waits until the catalog's entry of id is in state (""
+	// for no entry at all).
+	inCatalog := func(round int, id, state string) {
+		t.Helper()
+		if catalog == nil {
+			return
+		}
+		var last string
+		if !eventually(30*time.Second, func() bool {
+			e := catalog.Entries(func(e cluster.Entry) bool { return e.ID == id })
+			last = catalogLines(e)
+			if state == "" {
+				return len(e) == 0
+			}
+			return len(e) == 1 && e[0].State == state && e[0].Node == "crash"
+		}) {
+			t.Errorf("round %d: the catalog's entry of %s is %s, want state %q", round, id, last, state)
+		}
 	}
 	// Not t.TempDir: a VM's socket paths must stay short.
 	dataDir, err := os.MkdirTemp("", "cubicle-e2e-crash-")
@@ -68,7 +113,7 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 	ctx := context.Background()
 	sctx, cancel := context.WithTimeout(ctx, time.Minute)
 	d, err := harness.Start(sctx, harness.Options{DataDir: dataDir, ImageDir: imageDir(), DefaultBackend: backend,
-		Args: []string{"--net", "--net-bridge", bridge, "--net-cidr", cidr}})
+		Args: args})
 	cancel()
 	if err != nil {
 		os.RemoveAll(dataDir)
@@ -217,6 +262,7 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 			fallthrough
 		case "running":
 			assertUsable(t, c, sb.ID)
+			inCatalog(round, sb.ID, "running")
 			if err := c.Destroy(ctx, sb.ID); err != nil {
 				t.Fatalf("round %d: destroy %s: %v", round, sb.ID, err)
 			}
@@ -226,6 +272,7 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 			continue
 		}
 		assertCrashClean(t, dataDir, sb)
+		inCatalog(round, sb.ID, "")
 		// Destroy stays idempotent for what the crash ended.
 		if err := c.Destroy(ctx, sb.ID); err != nil && !client.IsNotFound(err) {
 			t.Errorf("round %d: second destroy of %s: %v", round, sb.ID, err)
@@ -246,6 +293,13 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string) {
 		}
 	}
 
+	if catalog != nil {
+		// Nothing of any round is left in the catalog, including
+		// sandboxes whose record the kill prevented.
+		if !eventually(30*time.Second, func() bool { return len(catalog.Entries(nil)) == 0 }) {
+			t.Errorf("catalog entries left after every sandbox is gone: %s", catalogLines(catalog.Entries(nil)))
+		}
+	}
 	if l := hostLinks(t); len(l) > 0 {
 		t.Errorf("sandbox links left: %v", l)
 	}
@@ -373,4 +427,13 @@ func assertHostAsBefore(t *testing.T, d *harness.Daemon, dataDir string, before 
 	if got := metricValue(t, d, "cubicle_netpool_free"); got != free {
 		t.Errorf("%s: %v addresses free, %v before the round", what, got, free)
 	}
+}
+
+// catalogLines shows catalog entries as "ID on NODE: STATE".
+func catalogLines(es []cluster.Entry) string {
+	var out []string
+	for _, e := range es {
+		out = append(out, fmt.Sprintf("%s on %s: %s", e.ID, e.Node, e.State))
+	}
+	return "[" + strings.Join(out, ", ") + "]"
 }
