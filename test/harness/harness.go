@@ -99,6 +99,10 @@ type Options struct {
 	// own, use 0.0.0.0 so that sandboxes could try the API on every host
 	// address. The client always uses 127.0.0.1.
 	ListenHost string
+	// Netns runs the daemon in the named network namespace (one `ip
+	// netns add` made); ListenHost is then its address there, which the
+	// client uses too.
+	Netns string
 }
 
 // Daemon is a running cubicled.
@@ -141,6 +145,9 @@ func Start(ctx context.Context, opts Options) (*Daemon, error) {
 	if opts.ListenHost != "" {
 		d.Addr = net.JoinHostPort(opts.ListenHost, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
 	}
+	if opts.Netns != "" {
+		d.URL = "http://" + d.Addr
+	}
 	return d, d.start(ctx)
 }
 
@@ -158,6 +165,12 @@ func (d *Daemon) start(ctx context.Context) error {
 		"--log-level", "debug", "--novnc-dir", NoVNCDir(),
 	}, d.opts.Args...)
 	cmd := exec.Command(filepath.Join(d.bin, "cubicled"), args...) //depcheck:built
+	if d.opts.Netns != "" {
+		// nsenter, not `ip netns exec`: that one also gives the daemon a
+		// mount namespace of its own, which a restarted daemon would not
+		// share with the sandboxes the first one started.
+		cmd = exec.Command("nsenter", append([]string{"--net=/run/netns/" + d.opts.Netns, "--", filepath.Join(d.bin, "cubicled")}, args...)...)
+	}
 	cmd.Env = append(os.Environ(), "CUBICLE_API_KEYS="+d.APIKey)
 	cmd.Env = append(cmd.Env, d.opts.Env...)
 	cmd.Stdout, cmd.Stderr = logf, logf

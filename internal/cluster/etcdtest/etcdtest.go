@@ -38,7 +38,11 @@ type Cluster struct {
 // Start starts an n-member cluster and waits until it answers; the
 // members are stopped when the test ends. Without etcd it skips (or
 // fails under CUBICLE_REQUIRE_E2E).
-func Start(t testing.TB, n int) *Cluster {
+func Start(t testing.TB, n int) *Cluster { return StartOn(t, n, "127.0.0.1") }
+
+// StartOn is Start with the members listening on host (an address of
+// the test's own network namespace that other namespaces reach).
+func StartOn(t testing.TB, n int, host string) *Cluster {
 	t.Helper()
 	if _, err := exec.LookPath("etcd"); err != nil {
 		if os.Getenv("CUBICLE_REQUIRE_E2E") != "" {
@@ -52,8 +56,8 @@ func Start(t testing.TB, n int) *Cluster {
 	for i := range n {
 		m := &Member{
 			Name:      fmt.Sprintf("etcd%d", i),
-			ClientURL: "http://" + freeAddr(t),
-			peerURL:   "http://" + freeAddr(t),
+			ClientURL: "http://" + freeAddr(t, host),
+			peerURL:   "http://" + freeAddr(t, host),
 			dataDir:   filepath.Join(dir, fmt.Sprintf("etcd%d", i)),
 			logPath:   filepath.Join(dir, fmt.Sprintf("etcd%d.log", i)),
 		}
@@ -175,10 +179,10 @@ func (c *Cluster) waitHealthy(m *Member) {
 	}
 }
 
-// freeAddr returns a loopback address with a port free a moment ago.
-func freeAddr(t testing.TB) string {
+// freeAddr returns an address of host with a port free a moment ago.
+func freeAddr(t testing.TB, host string) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		t.Fatal(err)
 	}
