@@ -127,6 +127,9 @@ type fakeDriver struct {
 	headless   bool  // boxes have no desktop
 	neverReady bool  // boxes' desktops never become ready
 	failErr    error // Create fails with this when set
+	// hold, when set, keeps Create waiting until it is closed, so a
+	// test can see a sandbox that is still starting.
+	hold chan struct{}
 	// stopFails is how many Stop calls fail (then succeed), as an
 	// unmount that is busy for a while would.
 	stopFails int
@@ -161,7 +164,15 @@ func (d *fakeDriver) Create(ctx context.Context, spec driver.Spec) (driver.Box, 
 		d.specs = map[string]driver.Spec{}
 	}
 	d.specs[spec.ID] = spec
+	hold := d.hold
 	d.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if d.failErr != nil {
 		return nil, d.failErr
 	}
@@ -712,10 +723,19 @@ func TestHeadless(t *testing.T) {
 		if sb.State != StateRunning || sb.Desktop == nil || *sb.Desktop == headless {
 			t.Errorf("headless=%v: created %+v, want running with Desktop %v", headless, sb, !headless)
 		}
-		// Not known before the agent has said.
-		if starting, err := m.Create(ctx, CreateRequest{}, false); err != nil || starting.Desktop != nil {
-			t.Errorf("headless=%v: a starting sandbox = %+v, %v; want desktop not said", headless, starting, err)
+		// Not known before the agent has said. The box is held in its
+		// start, or a fast fake could be ready before Create returns.
+		hold := make(chan struct{})
+		d.mu.Lock()
+		d.hold = hold
+		d.mu.Unlock()
+		if starting, err := m.Create(ctx, CreateRequest{}, false); err != nil || starting.State != StateStarting || starting.Desktop != nil {
+			t.Errorf("headless=%v: a starting sandbox = %+v, %v; want starting, desktop not said", headless, starting, err)
 		}
+		d.mu.Lock()
+		d.hold = nil
+		d.mu.Unlock()
+		close(hold)
 		m.Close()
 		m = newTestManager(t, d, dir, wallClock{})
 		if got, err := m.Get(ctx, sb.ID); err != nil || got.State != StateRunning || got.Desktop == nil || *got.Desktop == headless {
