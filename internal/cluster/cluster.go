@@ -315,6 +315,7 @@ func (c *Cluster) register(ctx context.Context) error {
 	own, present := c.nodes[c.cfg.Name]
 	same := lease == c.written.lease && loadEqual(load, c.written.load) &&
 		(!c.synced || (present && own.URL == c.cfg.URL && own.Started.Equal(c.started)))
+	fresh := lease != c.written.lease
 	c.mu.Unlock()
 	if same {
 		return nil
@@ -325,7 +326,13 @@ func (c *Cluster) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := c.cli.Put(cctx, c.nodeKey(c.cfg.Name), string(b), clientv3.WithLease(lease)); err != nil {
+	if fresh {
+		// A new lease claims the name first: two nodes under one name
+		// would each reconcile the other's sandboxes out of the catalog.
+		if err := c.claim(cctx, lease, string(b)); err != nil {
+			return err
+		}
+	} else if _, err := c.cli.Put(cctx, c.nodeKey(c.cfg.Name), string(b), clientv3.WithLease(lease)); err != nil {
 		if isLeaseGone(err) {
 			c.mu.Lock()
 			c.lease = 0
@@ -336,6 +343,53 @@ func (c *Cluster) register(ctx context.Context) error {
 	c.mu.Lock()
 	c.written.lease, c.written.load = lease, load
 	c.mu.Unlock()
+	return nil
+}
+
+// ErrNameTaken is the problem of a node whose name a live node at
+// another URL holds.
+var ErrNameTaken = errors.New("node name taken")
+
+// claim writes the node's record under a new lease if no record holds
+// its name, or the record there is this node's own (the same URL: this
+// node before a restart, its old lease not yet expired). A live record
+// of another URL is another node: nothing is written, and the node
+// stays degraded, saying so, until that one's lease ends.
+func (c *Cluster) claim(ctx context.Context, lease clientv3.LeaseID, record string) error {
+	key := c.nodeKey(c.cfg.Name)
+	resp, err := c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, record, clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(key)).Commit()
+	if err != nil {
+		if isLeaseGone(err) {
+			c.mu.Lock()
+			c.lease = 0
+			c.mu.Unlock()
+		}
+		return fmt.Errorf("register node: %w", err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	var other Node
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		_ = json.Unmarshal(kvs[0].Value, &other)
+		if other.URL != c.cfg.URL {
+			return fmt.Errorf("%w: the live node at %s is registered as %q; give this one another --node-name (if that was this node under another --advertise-url, it joins once the old record's lease of at most %v ends)",
+				ErrNameTaken, other.URL, c.cfg.Name, c.cfg.LeaseTTL)
+		}
+	}
+	// This node's own record of before, or one that just expired: the
+	// put takes it over (a record deleted meanwhile is simply written).
+	if _, err := c.cli.Put(ctx, key, record, clientv3.WithLease(lease)); err != nil {
+		if isLeaseGone(err) {
+			c.mu.Lock()
+			c.lease = 0
+			c.mu.Unlock()
+		}
+		return fmt.Errorf("register node: %w", err)
+	}
 	return nil
 }
 
@@ -663,6 +717,14 @@ func (c *Cluster) Entries(keep func(Entry) bool) []Entry {
 // Put writes one of this node's sandboxes to the catalog at once (after
 // a create); Reconcile would bring it within its period anyway.
 func (c *Cluster) Put(ctx context.Context, e Entry) error {
+	c.mu.Lock()
+	member := c.lease != 0 && c.lease == c.written.lease
+	c.mu.Unlock()
+	if !member {
+		// Not yet registered, or the name is another node's: an entry
+		// under that name would be its to reconcile away.
+		return fmt.Errorf("%w: put %s: this node is not registered yet", ErrUnavailable, e.ID)
+	}
 	e.Node = c.cfg.Name
 	b, err := json.Marshal(e)
 	if err != nil {

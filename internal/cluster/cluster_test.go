@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -264,5 +265,53 @@ func TestConfigRejects(t *testing.T) {
 			c.Close()
 			t.Errorf("New(%+v) accepted", cfg)
 		}
+	}
+}
+
+// TestNameTaken checks that a second node under a live node's name
+// writes nothing and says why, that the same node restarted (same URL,
+// its old lease still running) takes its record back at once, and that
+// the name is free again once its holder's lease ends.
+func TestNameTaken(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 2*time.Second)
+	waitUntil(t, 10*time.Second, "a registered", func() bool { return a.Degraded() == "" })
+
+	// Another host, also told it is "a".
+	c, err := New(Config{Endpoints: etcd.Endpoints(), Name: "a", URL: "http://other.test", Version: "test",
+		LeaseTTL: 2 * time.Second, Local: newFakeLocal(4, "gvisor"), Refresh: 200 * time.Millisecond, Reconcile: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; _ = c.Close() })
+	waitUntil(t, 10*time.Second, "the second a to say its name is taken", func() bool {
+		return strings.Contains(c.Degraded(), "node name taken") && strings.Contains(c.Degraded(), "http://a.test")
+	})
+	if err := c.Put(context.Background(), Entry{ID: "x", State: "running"}); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Put by the second a = %v, want ErrUnavailable", err)
+	}
+	time.Sleep(time.Second)
+	if n, _ := a.Node("a"); n.URL != "http://a.test" {
+		t.Fatalf("a's record was overwritten: %+v", n)
+	}
+	if _, found, _ := a.Locate(context.Background(), "x", true); found {
+		t.Error("the second a's entry reached the catalog")
+	}
+
+	// a restarts (crash: lease left running) at its own URL: it takes
+	// its record back without waiting for the old lease.
+	a.stop()
+	a2 := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 2*time.Second)
+	if took := waitUntil(t, 10*time.Second, "a back", func() bool { return a2.Degraded() == "" }); took > time.Second {
+		t.Errorf("a restarted at its own URL waited %v for its name", took)
+	}
+	a2.stop()
+	// With the name's holder gone for its lease, the other host joins.
+	waitUntil(t, 15*time.Second, "the second a to join once the name is free", func() bool { return c.Degraded() == "" })
+	if n, _ := c.Node("a"); n.URL != "http://other.test" {
+		t.Fatalf("a is now %+v", n)
 	}
 }
