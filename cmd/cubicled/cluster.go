@@ -148,6 +148,9 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	// manager checks it after a create's own checks, so a bad request is
 	// told what is wrong with it first.
 	mgr.SetElsewhere(c.LiveOf)
+	// --key-create-rate is one budget for the cluster, kept in etcd; a
+	// node that cannot reach etcd keeps the rate for itself meanwhile.
+	mgr.SetSharedRate(c.TakeCreate)
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(cctx) }()

@@ -773,6 +773,66 @@ func (c *Cluster) removeIfMine(ctx context.Context, id string) error {
 	return err
 }
 
+// rateState is one key's create budget, kept in etcd for all nodes: a
+// token bucket, as golang.org/x/time/rate keeps one in memory.
+type rateState struct {
+	Tokens float64 `json:"tokens"`
+	At     int64   `json:"at"` // unix nanoseconds of the last take
+}
+
+// TakeCreate takes one create from owner's budget of r a second, in
+// bursts of at most burst, shared by every node: one read and one
+// compare-and-swap in etcd, retried when another node took from the same
+// budget in between. It answers false when the budget is spent, or when
+// the budget kept changing under it (a key creating that fast is over
+// any limit), and an error (ErrUnavailable) when etcd cannot be asked,
+// for the caller to fall back to a limit of its own.
+func (c *Cluster) TakeCreate(ctx context.Context, owner string, r float64, burst int) (bool, error) {
+	if p := c.Degraded(); p != "" {
+		return false, fmt.Errorf("%w: %s", ErrUnavailable, p)
+	}
+	key := c.cfg.Prefix + "rates/" + owner
+	cctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	for range 8 {
+		resp, err := c.cli.Get(cctx, key)
+		if err != nil {
+			return false, fmt.Errorf("%w: create budget: %v", ErrUnavailable, err)
+		}
+		now := time.Now().UnixNano()
+		st := rateState{Tokens: float64(burst), At: now}
+		var rev int64 // 0: no budget yet (etcd compares a missing key's revision as 0)
+		if len(resp.Kvs) == 1 {
+			rev = resp.Kvs[0].ModRevision
+			var old rateState
+			if json.Unmarshal(resp.Kvs[0].Value, &old) == nil {
+				// A node whose clock is behind the last taker's adds
+				// nothing, and time never runs backwards in the record.
+				elapsed := max(float64(now-old.At)/1e9, 0)
+				st.Tokens = min(float64(burst), old.Tokens+elapsed*r)
+				st.At = max(now, old.At)
+			}
+		}
+		if st.Tokens < 1 {
+			return false, nil
+		}
+		st.Tokens--
+		b, err := json.Marshal(st)
+		if err != nil {
+			return false, err
+		}
+		txn, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+			Then(clientv3.OpPut(key, string(b))).Commit()
+		if err != nil {
+			return false, fmt.Errorf("%w: create budget: %v", ErrUnavailable, err)
+		}
+		if txn.Succeeded {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // Sync is Reconcile, for a caller that just changed what runs here.
 func (c *Cluster) Sync(ctx context.Context) error {
 	if c.cfg.Local == nil {

@@ -315,3 +315,69 @@ func TestNameTaken(t *testing.T) {
 		t.Fatalf("a is now %+v", n)
 	}
 }
+
+// TestTakeCreate checks that a key's create budget is one for the whole
+// cluster: what one node took, the other cannot, under a race of both
+// too, and that it refills at its rate.
+func TestTakeCreate(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 2*time.Second)
+	b := startNode(t, etcd.Endpoints(), "b", newFakeLocal(4, "gvisor"), 2*time.Second)
+	waitUntil(t, 10*time.Second, "both registered", func() bool { return a.Degraded() == "" && b.Degraded() == "" })
+	ctx := context.Background()
+
+	// 12 takes at once, 6 from each node, from a budget of 5 that
+	// refills at one every 100 s: exactly 5 are allowed.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	allowed := 0
+	for i := range 12 {
+		n := a
+		if i%2 == 1 {
+			n = b
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, err := n.TakeCreate(ctx, "key-race", 0.01, 5)
+			if err != nil {
+				t.Error(err)
+			}
+			if ok {
+				mu.Lock()
+				allowed++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if allowed != 5 {
+		t.Errorf("%d of 12 racing takes allowed from a budget of 5", allowed)
+	}
+
+	// Taken on a, missing on b; another key's budget is its own.
+	for i, want := range []bool{true, true, false} {
+		ok, err := a.TakeCreate(ctx, "key-2", 5, 2)
+		if err != nil || ok != want {
+			t.Fatalf("a's take %d = %v, %v; want %v", i, ok, err, want)
+		}
+	}
+	if ok, err := b.TakeCreate(ctx, "key-2", 5, 2); err != nil || ok {
+		t.Errorf("b's take of a spent budget = %v, %v", ok, err)
+	}
+	if ok, err := b.TakeCreate(ctx, "key-3", 5, 2); err != nil || !ok {
+		t.Errorf("b's take of another key = %v, %v", ok, err)
+	}
+	// 5 a second: one more after 200 ms, on either node.
+	time.Sleep(250 * time.Millisecond)
+	if ok, err := b.TakeCreate(ctx, "key-2", 5, 2); err != nil || !ok {
+		t.Errorf("b's take after a refill = %v, %v", ok, err)
+	}
+
+	// etcd away: the caller is told, to fall back to its own limit.
+	etcd.Stop(0)
+	waitUntil(t, 10*time.Second, "a degraded", func() bool { return a.Degraded() != "" })
+	if _, err := a.TakeCreate(ctx, "key-4", 5, 2); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("take without etcd: %v, want ErrUnavailable", err)
+	}
+}

@@ -48,7 +48,7 @@ func (m *Manager) Fork(ctx context.Context, id, owner string, count int) ([]Sand
 	if count < 1 || count > MaxForks {
 		return nil, errdefs.Invalid("count must be 1..%d, not %d", MaxForks, count)
 	}
-	if err := m.allowOwnerCreate(owner); err != nil {
+	if err := m.allowOwnerCreate(ctx, owner); err != nil {
 		return nil, err
 	}
 	e, err := m.entry(id)

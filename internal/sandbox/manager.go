@@ -120,10 +120,13 @@ type Manager struct {
 	// elsewhere counts an owner's live sandboxes on the other nodes of a
 	// cluster (SetElsewhere); nil on a single host.
 	elsewhere func(owner string) int
-	limiters  map[string]*rate.Limiter // per owner, with OwnerCreateRate
-	volumes   map[string]*volume       // by volumeKey
-	snaps     map[string]*snap         // snapshots by ID
-	recs      map[string]*recorder     // recordings by ID
+	// sharedRate keeps per-owner create rates for a whole cluster
+	// (SetSharedRate); nil on a single host.
+	sharedRate SharedRate
+	limiters   map[string]*rate.Limiter // per owner, with OwnerCreateRate
+	volumes    map[string]*volume       // by volumeKey
+	snaps      map[string]*snap         // snapshots by ID
+	recs       map[string]*recorder     // recordings by ID
 	// gaugeKeys are the (state, backend) series of cubicle_sandboxes set
 	// last, so that updateGaugesLocked can delete the ones that go away.
 	gaugeKeys map[[2]string]int
@@ -644,7 +647,7 @@ func (m *Manager) available(ctx context.Context, d driver.Driver) error {
 // the start failed, in which case nothing of it is left); without, it returns
 // at once in state "starting".
 func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (Sandbox, error) {
-	if err := m.allowOwnerCreate(req.Owner); err != nil {
+	if err := m.allowOwnerCreate(ctx, req.Owner); err != nil {
 		return Sandbox{}, err
 	}
 	// from is the snapshot the sandbox starts from, held (release) until
@@ -1395,23 +1398,58 @@ func (m *Manager) activeOfLocked(owner string) int {
 	return n
 }
 
-// allowOwnerCreate takes one create from owner's rate budget.
-func (m *Manager) allowOwnerCreate(owner string) error {
+// allowOwnerCreate takes one create from owner's rate budget: the
+// cluster's, shared by every node, when SetSharedRate gave one and it
+// answers, else this daemon's own.
+func (m *Manager) allowOwnerCreate(ctx context.Context, owner string) error {
 	if owner == "" || m.cfg.OwnerCreateRate <= 0 {
 		return nil
+	}
+	burst := max(m.cfg.OwnerCreateBurst, 1)
+	m.mu.Lock()
+	shared := m.sharedRate
+	m.mu.Unlock()
+	if shared != nil {
+		ok, err := shared(ctx, owner, float64(m.cfg.OwnerCreateRate), burst)
+		if err == nil {
+			if !ok {
+				return m.rateLimited()
+			}
+			return nil
+		}
+		// The cluster's store unreachable: each node keeps the limit
+		// for itself until it answers again.
+		m.log.Debug("shared create rate unavailable; this node's own limit applies", "err", err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	lim := m.limiters[owner]
 	if lim == nil {
 		// One limiter per API key: as many as keys are configured.
-		lim = rate.NewLimiter(m.cfg.OwnerCreateRate, max(m.cfg.OwnerCreateBurst, 1))
+		lim = rate.NewLimiter(m.cfg.OwnerCreateRate, burst)
 		m.limiters[owner] = lim
 	}
 	if !lim.AllowN(m.cfg.Clock.Now(), 1) {
-		return errdefs.New(errdefs.ErrRateLimited, "this API key creates sandboxes faster than its limit of %g a second; retry later", float64(m.cfg.OwnerCreateRate))
+		return m.rateLimited()
 	}
 	return nil
+}
+
+func (m *Manager) rateLimited() error {
+	return errdefs.New(errdefs.ErrRateLimited, "this API key creates sandboxes faster than its limit of %g a second; retry later", float64(m.cfg.OwnerCreateRate))
+}
+
+// SharedRate takes one create from owner's budget of r a second (bursts
+// of burst) kept for the whole cluster, and says whether there was one;
+// an error means the budget could not be reached.
+type SharedRate func(ctx context.Context, owner string, r float64, burst int) (bool, error)
+
+// SetSharedRate makes the per-owner create rate (Config.OwnerCreateRate)
+// one budget across a cluster's nodes, as f keeps it.
+func (m *Manager) SetSharedRate(f SharedRate) {
+	m.mu.Lock()
+	m.sharedRate = f
+	m.mu.Unlock()
 }
 
 func (m *Manager) updateGauges() {

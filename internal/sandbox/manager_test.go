@@ -706,6 +706,60 @@ func TestStopRetried(t *testing.T) {
 	}
 }
 
+// TestSharedCreateRate checks that a cluster's shared budget decides a
+// key's creates while it answers, with the key's rate and burst, and that
+// the node's own limit takes over while it cannot be reached.
+func TestSharedCreateRate(t *testing.T) {
+	d := newFakeDriver(t)
+	clock := &fakeClock{now: time.Now()}
+	m, err := New(context.Background(), Config{
+		DataDir: t.TempDir(), Drivers: map[string]driver.Driver{"gvisor": d}, DefaultBackend: "auto",
+		Images:       func(string) (string, error) { return "/nonexistent", nil },
+		MaxSandboxes: 10, OwnerCreateRate: 1, OwnerCreateBurst: 2,
+		IdleTimeout: time.Minute, MaxLifetime: time.Hour, ReapInterval: time.Hour, Clock: clock, Metrics: metrics.New(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	alice := KeyOwner("alice-key")
+	var answer struct {
+		ok  bool
+		err error
+	}
+	var asked []string
+	m.SetSharedRate(func(_ context.Context, owner string, r float64, burst int) (bool, error) {
+		asked = append(asked, fmt.Sprintf("%s %g %d", owner, r, burst))
+		return answer.ok, answer.err
+	})
+	// The cluster says no: refused, though this node's budget is full.
+	if _, err := m.Create(ctx, CreateRequest{Owner: alice}, true); !errors.Is(err, errdefs.ErrRateLimited) {
+		t.Fatalf("create the cluster refused: %v, want rate limited", err)
+	}
+	if want := alice + " 1 2"; len(asked) != 1 || asked[0] != want {
+		t.Errorf("asked %q, want [%q]", asked, want)
+	}
+	// The cluster says yes, more often than this node's burst allows.
+	answer.ok = true
+	for i := range 3 {
+		if _, err := m.Create(ctx, CreateRequest{Owner: alice}, true); err != nil {
+			t.Fatalf("create %d the cluster allowed: %v", i, err)
+		}
+	}
+	// A create without a key is not counted anywhere.
+	if _, err := m.Create(ctx, CreateRequest{}, true); err != nil || len(asked) != 4 {
+		t.Fatalf("keyless create: %v, asked %d times", err, len(asked))
+	}
+	// The cluster unreachable: this node's own burst of 2, then 429.
+	answer.err = errors.New("etcd away")
+	for i, want := range []error{nil, nil, errdefs.ErrRateLimited} {
+		if _, err := m.Create(ctx, CreateRequest{Owner: alice}, true); !errors.Is(err, want) && (want != nil || err != nil) {
+			t.Fatalf("create %d without the cluster: %v, want %v", i, err, want)
+		}
+	}
+}
+
 // TestHeadless checks that a sandbox whose agent reports no desktop is
 // ready as soon as the agent answers, and says it has no desktop, while a
 // desktop sandbox says it has one; both survive a restart so.
