@@ -79,6 +79,48 @@ func (n clusterNode) Sandboxes(ctx context.Context) []cluster.Entry {
 	return out
 }
 
+// drainPauses reports whether the drain file asks for the node's
+// sandboxes to be paused (its first line is "pause"), not waited for.
+func (n clusterNode) drainPauses() bool {
+	b, err := os.ReadFile(n.drainFile)
+	if err != nil {
+		return false
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	return strings.TrimSpace(first) == "pause"
+}
+
+// pauseForDrain pauses, one at a time, the node's running sandboxes
+// whose backend can pause, while the drain file says "pause": the node
+// is then empty of boxes (a host can be rebooted) and each sandbox waits
+// on its disk, to be resumed on this node, through any node, by its
+// user. A sandbox that would not pause is not tried again by this call's
+// caller (failed keeps it).
+func (n clusterNode) pauseForDrain(ctx context.Context, failed map[string]bool, log *slog.Logger) {
+	if !n.drainPauses() {
+		return
+	}
+	for _, sb := range n.mgr.List(ctx, sandbox.Filter{State: sandbox.StateRunning}) {
+		if ctx.Err() != nil || !n.drainPauses() {
+			return
+		}
+		if failed[sb.ID] {
+			continue
+		}
+		if ok, _ := n.mgr.PauseInfo(ctx, sb.Backend); !ok {
+			failed[sb.ID] = true
+			log.Info("drain: sandbox left running; its backend cannot pause here", "sandbox", sb.ID, "backend", sb.Backend)
+			continue
+		}
+		if _, err := n.mgr.Pause(ctx, sb.ID); err != nil {
+			failed[sb.ID] = true
+			log.Warn("drain: pause failed; the sandbox runs on", "sandbox", sb.ID, "err", err)
+			continue
+		}
+		log.Info("drain: sandbox paused", "sandbox", sb.ID)
+	}
+}
+
 // availableMemoryMB reads MemAvailable from /proc/meminfo; 0 when it
 // cannot.
 func availableMemoryMB() int64 {
@@ -136,10 +178,11 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 			return nil, nil, fmt.Errorf("--node-name: %w", err)
 		}
 	}
+	node := clusterNode{mgr: mgr, drainFile: filepath.Join(dataDir, "drain")}
 	c, err := cluster.New(cluster.Config{
 		Endpoints: endpoints, Name: name, URL: adv, Version: version,
 		LeaseTTL: f.leaseTTL, Candidates: f.candidates,
-		Local: clusterNode{mgr: mgr, drainFile: filepath.Join(dataDir, "drain")}, Log: log,
+		Local: node, Log: log,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -154,6 +197,23 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(cctx) }()
+	paused := make(chan struct{})
+	go func() {
+		// A drain that pauses: every 2 s, as the drain file is read for
+		// the node's record.
+		defer close(paused)
+		failed := map[string]bool{}
+		t := time.NewTicker(2 * time.Second)
+		defer t.Stop()
+		for {
+			node.pauseForDrain(cctx, failed, log)
+			select {
+			case <-cctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	go func() {
 		t := time.NewTicker(2 * time.Second)
 		defer t.Stop()
@@ -177,6 +237,7 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	stop := func() {
 		cancel()
 		<-done
+		<-paused
 		// The lease is left to run: a node back within it (an upgrade)
 		// never shows its sandboxes lost.
 		_ = c.Close()

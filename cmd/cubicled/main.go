@@ -274,6 +274,7 @@ func run() error {
 		}
 	}
 	var mounts []api.Mount
+	var cp *e2b.Server
 	if *e2bEnable {
 		dp := dataplane.New(dataplane.Config{TokenKey: viewKey, Domain: *e2bDomain, InFlight: inFlight}, mgr, log)
 		templates := map[string]string{"desktop": "desktop", "base": "base"}
@@ -285,7 +286,7 @@ func run() error {
 				templates["base"] = "desktop-lite"
 			}
 		}
-		cp := e2b.New(e2b.Config{APIKeys: keys, TokenKey: viewKey, Domain: *e2bDomain, Templates: templates}, mgr, log)
+		cp = e2b.New(e2b.Config{APIKeys: keys, TokenKey: viewKey, Domain: *e2bDomain, Templates: templates}, mgr, log)
 		mounts = append(mounts,
 			api.Mount{Name: "e2b-data", Claims: func(r *http.Request) bool { _, ok := dp.Match(r); return ok }, Handler: dp,
 				Sandbox: func(r *http.Request) string { t, _ := dp.Match(r); return t.ID }},
@@ -329,6 +330,10 @@ func run() error {
 		MCP:            mcpHandler,
 		Cluster:        apiCluster,
 	}, mgr, m, log)
+	if cp != nil && clu != nil {
+		// E2B's lists span the cluster, as the native one does.
+		cp.SetElsewhere(handler.Elsewhere)
+	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	// The settings that shape every sandbox, so an operator (and the
 	// configuration test) sees what the flags and variables came to.

@@ -377,7 +377,7 @@ func (s *server) clusterList(r *http.Request, local []sandbox.Sandbox, f sandbox
 		wg.Add(1)
 		go func(n cluster.Node) {
 			defer wg.Done()
-			list, err := s.listNode(ctx, r, n)
+			list, err := s.listNode(ctx, r, n, r.URL.RequestURI())
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -412,8 +412,47 @@ func (s *server) clusterList(r *http.Request, local []sandbox.Sandbox, f sandbox
 	return out
 }
 
-func (s *server) listNode(ctx context.Context, r *http.Request, n cluster.Node) ([]sandbox.Sandbox, error) {
-	u := strings.TrimSuffix(n.URL, "/") + r.URL.RequestURI()
+// Elsewhere returns the sandboxes of the cluster's other live nodes, as
+// each answers the native list with the client's own key (in parallel,
+// within 5 s; a node that does not answer is left out): E2B's lists span
+// the cluster with it. Nil outside a cluster and for a forwarded request.
+func (h *Server) Elsewhere(r *http.Request) []sandbox.Sandbox {
+	s := h.s
+	c := s.cfg.Cluster
+	if c == nil || forwarded(r) {
+		return nil
+	}
+	var (
+		mu  sync.Mutex
+		out []sandbox.Sandbox
+		wg  sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	for _, n := range c.Nodes() {
+		if n.Name == c.Name() {
+			continue
+		}
+		wg.Add(1)
+		go func(n cluster.Node) {
+			defer wg.Done()
+			list, err := s.listNode(ctx, r, n, "/v1/sandboxes")
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				s.log.Warn("cluster: list a node's sandboxes", "node", n.Name, "err", err)
+				return
+			}
+			out = append(out, list...)
+		}(n)
+	}
+	wg.Wait()
+	return out
+}
+
+// listNode asks node n for its native list at uri, with r's key.
+func (s *server) listNode(ctx context.Context, r *http.Request, n cluster.Node, uri string) ([]sandbox.Sandbox, error) {
+	u := strings.TrimSuffix(n.URL, "/") + uri
 	out, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return nil, err

@@ -351,6 +351,9 @@ func (s *Server) listV2(w http.ResponseWriter, r *http.Request) {
 // running returns the live sandboxes that match q's filters, in q's order.
 func (s *Server) running(r *http.Request, q listQuery) []sandbox.Sandbox {
 	all := s.mgr.List(r.Context(), sandbox.Filter{Metadata: q.metadata})
+	if s.elsewhere != nil {
+		all = append(all, s.elsewhere(r)...)
+	}
 	want := q.template
 	if t, ok := s.templates[want]; ok {
 		want = t

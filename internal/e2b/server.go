@@ -99,6 +99,16 @@ type Server struct {
 	now       func() time.Time  // tests replace it
 	routes    []Route
 	mux       *http.ServeMux
+	// elsewhere adds the sandboxes of a cluster's other nodes to lists
+	// (SetElsewhere); nil on a single host.
+	elsewhere func(*http.Request) []sandbox.Sandbox
+}
+
+// SetElsewhere makes lists (GET /sandboxes, /v2/sandboxes) include the
+// sandboxes f returns for a request: in a cluster, the other nodes'.
+// Call it before the server serves.
+func (s *Server) SetElsewhere(f func(*http.Request) []sandbox.Sandbox) {
+	s.elsewhere = f
 }
 
 // New returns a Server for mgr. A nil log discards.

@@ -10,6 +10,7 @@ import (
 	"image/png"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,15 +44,15 @@ type testCluster struct {
 
 func startCluster(t *testing.T, names ...string) *testCluster {
 	t.Helper()
-	return startClusterNet(t, false, names...)
+	return startClusterNet(t, false, nil, names...)
 }
 
 // startClusterNet is startCluster with, when netns, each node in a
 // network namespace of its own, on a bridge of the test's namespace
 // (which InOwnNetns made) where etcd listens: 10.213.0.1 is the test's
 // side, 10.213.0.11 the first node, and so on. Nothing is added to the
-// host's own network.
-func startClusterNet(t *testing.T, netns bool, names ...string) *testCluster {
+// host's own network. extra, when not nil, gives a node's own flags.
+func startClusterNet(t *testing.T, netns bool, extra func(name string) []string, names ...string) *testCluster {
 	t.Helper()
 	needs.Root(t)
 	needs.Runtime(t, "runsc")
@@ -94,11 +95,15 @@ func startClusterNet(t *testing.T, netns bool, names ...string) *testCluster {
 		}
 		tc.dirs[name] = dir
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		args := []string{
+			"--cluster-etcd", strings.Join(tc.etcd.Endpoints(), ","), "--node-name", name,
+			"--lease-ttl", clusterLease.String(), "--max-sandboxes", "6",
+		}
+		if extra != nil {
+			args = append(args, extra(name)...)
+		}
 		d, err := harness.Start(ctx, harness.Options{DataDir: dir, ImageDir: imageDir(), APIKey: tc.key,
-			Netns: nsOf[name], ListenHost: hostOf[name], Args: []string{
-				"--cluster-etcd", strings.Join(tc.etcd.Endpoints(), ","), "--node-name", name,
-				"--lease-ttl", clusterLease.String(), "--max-sandboxes", "6",
-			}})
+			Netns: nsOf[name], ListenHost: hostOf[name], Args: args})
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -166,7 +171,7 @@ func TestCluster(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
 	}
-	tc := startClusterNet(t, true, "a", "b", "c")
+	tc := startClusterNet(t, true, nil, "a", "b", "c")
 	ctx := context.Background()
 	a := tc.client("a")
 
@@ -202,6 +207,8 @@ func TestCluster(t *testing.T) {
 	if err != nil || len(list) != 9 {
 		t.Fatalf("list through a: %d sandboxes, %v; want 9", len(list), err)
 	}
+	// MCP's tools and CDP reach the other nodes' sandboxes through a too.
+	agentProtocolsThrough(t, tc, "a", sbs)
 
 	// Drained (the operator's file in its data dir), a takes no new
 	// sandboxes: creates through it go to b and c, and its own run on.
@@ -223,7 +230,36 @@ func TestCluster(t *testing.T) {
 		}
 		sbs = append(sbs, sb)
 	}
+	// A drain file that says "pause" pauses a's own sandboxes: each waits
+	// on a's disk, and is resumed there through another node.
+	if err := os.WriteFile(drain, []byte("pause\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var onA []client.Sandbox
+	for _, sb := range sbs {
+		if sb.Node == "a" {
+			onA = append(onA, sb)
+		}
+	}
+	c := tc.client("c")
+	paused := time.Now()
+	waitFor(t, "a's sandboxes paused by the drain", func() bool {
+		for _, sb := range onA {
+			if got, err := c.Get(ctx, sb.ID); err != nil || got.State != client.StatePaused {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("a's %d sandboxes paused by the drain in %v", len(onA), time.Since(paused).Round(100*time.Millisecond))
 	os.Remove(drain)
+	for _, sb := range onA {
+		got, err := c.Resume(ctx, sb.ID, 0)
+		if err != nil || got.State != client.StateRunning || got.Node != "a" {
+			t.Fatalf("resume of %s through c: %+v, %v; want running on a", sb.ID, got, err)
+		}
+	}
+	driveThrough(t, tc, "c", onA[0])
 	waitFor(t, "a undrained", func() bool {
 		info, err := a.Info(ctx)
 		return err == nil && info.Cluster != nil && !info.Cluster.Draining
@@ -428,24 +464,106 @@ func driveThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) 
 	}
 }
 
+// agentProtocolsThrough drives, through node via, one sandbox of each
+// other node by MCP (a command whose output is checked, a screenshot of
+// the screen's size) and by CDP (the browser's version over the
+// DevTools WebSocket that json/version names, which must be via's own
+// address).
+func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []client.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	d := tc.nodes[via]
+	cs := mcpHTTP(t, d)
+	done := map[string]bool{via: true}
+	for _, sb := range sbs {
+		if done[sb.Node] {
+			continue
+		}
+		done[sb.Node] = true
+		res := mcpCall(t, cs, "run_command", map[string]any{"sandbox_id": sb.ID, "command": "echo node-$((6*7)) $(hostname)"})
+		if got := mcpText(res); !strings.Contains(got, "node-42") {
+			t.Errorf("MCP run_command in %s (node %s) through %s: %q", sb.ID, sb.Node, via, got)
+		}
+		if w, h := mcpPicture(t, mcpCall(t, cs, "screenshot", map[string]any{"sandbox_id": sb.ID})); w != 1024 || h != 768 {
+			t.Errorf("MCP screenshot of %s (node %s) through %s: %dx%d", sb.ID, sb.Node, via, w, h)
+		}
+
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/v1/sandboxes/"+sb.ID+"/cdp/json/version", nil)
+		req.Header.Set("X-API-Key", tc.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("CDP json/version of %s through %s: %v", sb.ID, via, err)
+		}
+		var version struct {
+			Browser string `json:"Browser"`
+			WS      string `json:"webSocketDebuggerUrl"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&version)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || !strings.Contains(version.Browser, "Chrome") {
+			t.Fatalf("CDP json/version of %s (node %s) through %s: %d %+v, %v", sb.ID, sb.Node, via, resp.StatusCode, version, err)
+		}
+		wsURL, err := url.Parse(version.WS)
+		if err != nil || wsURL.Host != strings.TrimPrefix(d.URL, "http://") {
+			t.Fatalf("CDP WebSocket URL %q of %s through %s: want %s's own host", version.WS, sb.ID, via, via)
+		}
+		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ws, _, err := websocket.Dial(wctx, version.WS, &websocket.DialOptions{HTTPHeader: http.Header{"X-API-Key": {tc.key}}})
+		if err != nil {
+			cancel()
+			t.Fatalf("CDP WebSocket of %s (node %s) through %s: %v", sb.ID, sb.Node, via, err)
+		}
+		if err := ws.Write(wctx, websocket.MessageText, []byte(`{"id":1,"method":"Browser.getVersion"}`)); err != nil {
+			t.Fatal(err)
+		}
+		_, msg, err := ws.Read(wctx)
+		ws.CloseNow()
+		cancel()
+		if err != nil || !bytes.Contains(msg, []byte(`"id":1`)) || !bytes.Contains(msg, []byte("Chrome")) {
+			t.Fatalf("CDP Browser.getVersion in %s (node %s) through %s: %s, %v", sb.ID, sb.Node, via, msg, err)
+		}
+		t.Logf("MCP and CDP reach %s on node %s through %s", sb.ID, sb.Node, via)
+	}
+	if len(done) != len(tc.nodes) {
+		t.Errorf("MCP and CDP reached the sandboxes of %d nodes, want %d", len(done), len(tc.nodes))
+	}
+}
+
 // TestClusterE2BSDK runs the unmodified e2b and @e2b/desktop SDKs against
-// a three-node cluster, configured with node a's URL only: creates are
-// placed across the nodes, and E2B's control and data planes (commands,
-// files, the desktop's screenshot and pointer) reach each sandbox
-// through a (test/e2b-js/cluster.mjs).
+// a three-node cluster, configured with node a's URL only: 9 creates are
+// placed across the nodes, and E2B's control and data planes reach each
+// sandbox through a — the desktop's screenshot, a click, a command, files,
+// and the live view (stream.start, noVNC's page and its WebSocket over
+// a's TLS listener, host-routed to the sandbox's node) — and E2B's
+// Sandbox.list through a, a page at a time, lists all 9
+// (test/e2b-js/cluster.mjs).
 func TestClusterE2BSDK(t *testing.T) {
 	needs.Command(t, "node", "npm")
 	nodeForSDK(t)
 	jsDir := filepath.Join(harness.RepoRoot(), "test", "e2b-js")
 	npmCI(t, jsDir)
-	tc := startCluster(t, "a", "b", "c")
+	caFile, certFile, keyFile := writeTestPKI(t, t.TempDir(), "*."+e2bDomain, e2bDomain)
+	tlsAddr := freeAddr(t)
+	tc := startClusterNet(t, false, func(name string) []string {
+		// Every node routes E2B's sandbox hosts; a, the one the SDKs
+		// know, also answers them over TLS.
+		args := []string{"--e2b-domain", e2bDomain}
+		if name == "a" {
+			args = append(args, "--tls-listen", tlsAddr, "--tls-cert", certFile, "--tls-key", keyFile)
+		}
+		return args
+	}, "a", "b", "c")
+	checkTLS(t, tlsAddr, caFile)
 	env := []string{
 		"E2B_API_URL=" + tc.nodes["a"].URL,
 		"E2B_SANDBOX_URL=" + tc.nodes["a"].URL,
+		"E2B_DOMAIN=" + e2bDomain,
 		"E2B_API_KEY=" + tc.key,
+		"NODE_EXTRA_CA_CERTS=" + caFile,
+		"CUBICLE_TLS_ADDR=" + tlsAddr,
 		"NO_COLOR=1",
 	}
-	out, err := runLogged(t, 5*time.Minute, jsDir, env, "node", "--test", "--test-reporter=spec", "cluster.mjs")
+	out, err := runLogged(t, 12*time.Minute, jsDir, env, "node", "--test", "--test-reporter=spec", "cluster.mjs")
 	if err != nil {
 		t.Fatalf("node --test cluster.mjs: %v", err)
 	}
