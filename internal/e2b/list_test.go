@@ -2,6 +2,7 @@ package e2b
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -327,5 +328,54 @@ func TestCursorRoundTrip(t *testing.T) {
 		if c.id != sb.ID || !c.created.Equal(sb.CreatedAt) {
 			t.Errorf("round trip of %s %v gave %s %v", sb.ID, sb.CreatedAt, c.id, c.created)
 		}
+	}
+}
+
+// TestListElsewhere checks that lists include what SetElsewhere adds (a
+// cluster's other nodes), interleaved by creation time and paged like the
+// node's own, and that only live ones are listed.
+func TestListElsewhere(t *testing.T) {
+	s, f := newTestServer(t, nil)
+	for i := range 4 {
+		sb := running(fmt.Sprintf("here%d", i))
+		sb.CreatedAt = t0.Add(time.Duration(2*i) * time.Second)
+		f.add(sb)
+	}
+	var remote []sandbox.Sandbox
+	for i := range 4 {
+		sb := running(fmt.Sprintf("there%d", i))
+		sb.CreatedAt = t0.Add(time.Duration(2*i+1) * time.Second)
+		remote = append(remote, sb)
+	}
+	lost := running("lostone")
+	lost.State = sandbox.StateLost
+	remote = append(remote, lost)
+	s.SetElsewhere(func(*http.Request) []sandbox.Sandbox { return remote })
+
+	want := []string{"there3", "here3", "there2", "here2", "there1", "here1", "there0", "here0"}
+	var got []string
+	token := ""
+	for page := 0; page < 10; page++ {
+		q := url.Values{"limit": {"3"}}
+		if token != "" {
+			q.Set("nextToken", token)
+		}
+		rec := do(t, s, "GET", "/v2/sandboxes?"+q.Encode(), "", nil)
+		if rec.Code != 200 {
+			t.Fatalf("page %d: %d %s", page, rec.Code, rec.Body)
+		}
+		for _, it := range decodeArray(t, rec.Body.Bytes()) {
+			got = append(got, it["sandboxID"].(string))
+		}
+		if token = rec.Header().Get("X-Next-Token"); token == "" {
+			break
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("v2 list with the other nodes' (-want +got):\n%s", diff)
+	}
+	rec := do(t, s, "GET", "/sandboxes", "", nil)
+	if n := len(decodeArray(t, rec.Body.Bytes())); n != 8 {
+		t.Errorf("v1 list: %d sandboxes, want 8", n)
 	}
 }
