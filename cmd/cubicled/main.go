@@ -291,7 +291,8 @@ func run() error {
 			api.Mount{Name: "e2b-data", Claims: func(r *http.Request) bool { _, ok := dp.Match(r); return ok }, Handler: dp,
 				Sandbox: func(r *http.Request) string { t, _ := dp.Match(r); return t.ID }},
 			api.Mount{Name: "e2b", Claims: func(r *http.Request) bool { return e2b.OwnsPath(r.URL.Path) }, Handler: cp,
-				Sandbox: func(r *http.Request) string { return e2b.SandboxOfPath(r.URL.Path) }, Creates: e2b.IsCreate, Placeable: cp.Placeable},
+				Sandbox: func(r *http.Request) string { return e2b.SandboxOfPath(r.URL.Path) }, Creates: e2b.IsCreate, Placeable: cp.Placeable,
+				Refuse: cp.WriteError},
 		)
 	}
 	// Listen before the API is built: /mcp calls the REST API on this

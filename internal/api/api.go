@@ -201,6 +201,10 @@ type Mount struct {
 	// false keeps it on the node it reached (it names a snapshot or
 	// volumes, which stay on their node). nil: always.
 	Placeable func(body []byte) bool
+	// Refuse answers err in the mount's own error shape, for what the
+	// cluster refuses on its behalf (a lost sandbox, an unreadable
+	// catalog); nil: the native shape.
+	Refuse func(w http.ResponseWriter, r *http.Request, err error)
 }
 
 func (c Config) withDefaults() Config {
@@ -420,6 +424,8 @@ func newServer(cfg Config, mgr Manager, m *metrics.Metrics, log *slog.Logger) *s
 		}
 		if strings.Contains(rt.pattern, "{id}") {
 			h = s.clustered(h)
+		} else if item := s.itemOf(rt.pattern); item != nil {
+			h = s.clusteredItem(h, item)
 		}
 		s.mux.HandleFunc(rt.pattern, h)
 		s.auth[rt.pattern] = rt.auth

@@ -66,7 +66,7 @@ func (s *server) clustered(h http.HandlerFunc) http.HandlerFunc {
 		return h
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.clusterRoute(w, r, r.PathValue("id")) {
+		if !s.clusterRoute(w, r, r.PathValue("id"), nil) {
 			h(w, r)
 		}
 	}
@@ -77,7 +77,7 @@ func (s *server) clustered(h http.HandlerFunc) http.HandlerFunc {
 // catalog cannot be read. It reports false for a request this node
 // serves: its own sandbox, an unknown one (its handler's 404), or one
 // forwarded here.
-func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string) bool {
+func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string, refuse func(http.ResponseWriter, *http.Request, error)) bool {
 	if s.cfg.Cluster == nil || forwarded(r) || !sandboxID.MatchString(id) {
 		return false
 	}
@@ -97,11 +97,15 @@ func (s *server) clusterRoute(w http.ResponseWriter, r *http.Request, id string)
 		return false
 	}
 	switch {
+	case err != nil && refuse != nil:
+		refuse(w, r, errdefs.New(errdefs.ErrUnavailable, "sandbox %s is not on this node, and the cluster's catalog cannot be read: %v", id, err))
 	case err != nil:
 		s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
 			msg: "sandbox " + id + " is not on this node, and the cluster's catalog cannot be read: " + err.Error()})
 	case !found || loc.Node == s.cfg.Cluster.Name():
 		return false
+	case !loc.Alive && refuse != nil:
+		refuse(w, r, errdefs.New(errdefs.ErrConflict, "sandbox %s is lost: %s", id, s.lostWhy(loc)))
 	case !loc.Alive:
 		s.lostSandbox(w, r, loc)
 	default:
@@ -141,7 +145,7 @@ func (s *server) clusterMount(w http.ResponseWriter, r *http.Request, m *Mount) 
 	}
 	if m.Sandbox != nil {
 		if id := m.Sandbox(r); id != "" {
-			return s.clusterRoute(w, r, id)
+			return s.clusterRoute(w, r, id, m.Refuse)
 		}
 	}
 	return false
@@ -166,12 +170,17 @@ func (s *server) clusterMountDone(r *http.Request, m *Mount, status int) {
 
 // lostSandbox answers for a sandbox whose node is not a member now.
 func (s *server) lostSandbox(w http.ResponseWriter, r *http.Request, loc cluster.Location) {
-	why := fmt.Sprintf("node %s, which holds this sandbox, has not renewed its cluster membership within %s; the sandbox is lost until the node is back", loc.Node, s.cfg.Cluster.LeaseTTL())
+	why := s.lostWhy(loc)
 	if r.Method == http.MethodGet && r.Pattern == "GET /v1/sandboxes/{id}" {
 		writeJSON(w, http.StatusOK, lostView(loc.Entry, why))
 		return
 	}
 	s.writeError(w, r, &httpError{status: http.StatusConflict, code: codeConflict, msg: "sandbox " + loc.ID + " is lost: " + why})
+}
+
+// lostWhy says why a sandbox is lost.
+func (s *server) lostWhy(loc cluster.Location) string {
+	return fmt.Sprintf("node %s, which holds this sandbox, has not renewed its cluster membership within %s; the sandbox is lost until the node is back", loc.Node, s.cfg.Cluster.LeaseTTL())
 }
 
 // lostView is the catalog's copy of a sandbox, in state lost.
@@ -238,14 +247,46 @@ func (s *server) clusterCreate(w http.ResponseWriter, r *http.Request, req sandb
 	}
 	if len(req.Volumes) > 0 || req.FromSnapshot != "" {
 		// Volumes and snapshots stay on the node that has them: such a
-		// create is made on the node it is sent to.
-		return false
+		// create is made there.
+		return s.createWhereHeld(w, r, req, body)
 	}
 	backend := req.Backend
 	if backend == "auto" {
 		backend = "" // each node resolves auto itself
 	}
 	return s.placeCreate(w, r, backend, body, true)
+}
+
+// createWhereHeld passes a create that names a snapshot or volumes to
+// the node that holds them (the snapshot, else the first volume), and
+// reports whether it did; false when this node holds them, or no node
+// does (the handler then answers what is missing).
+func (s *server) createWhereHeld(w http.ResponseWriter, r *http.Request, req sandbox.CreateRequest, body []byte) bool {
+	owner := s.keys.Owner(r)
+	var path string
+	if req.FromSnapshot != "" {
+		if sandbox.CheckSnapshotRef("from_snapshot", req.FromSnapshot) != nil {
+			return false
+		}
+		if _, err := s.mgr.GetSnapshot(r.Context(), owner, req.FromSnapshot); !errors.Is(err, errdefs.ErrNotFound) {
+			return false
+		}
+		path = "/v1/snapshots/" + url.PathEscape(req.FromSnapshot)
+	} else {
+		name := req.Volumes[0].Name
+		if sandbox.CheckVolumeName("name", name) != nil {
+			return false
+		}
+		if _, err := s.mgr.GetVolume(r.Context(), owner, name); !errors.Is(err, errdefs.ErrNotFound) {
+			return false
+		}
+		path = "/v1/volumes/" + url.PathEscape(name)
+	}
+	n, ok := s.findItem(r, path)
+	if !ok {
+		return false
+	}
+	return s.forwardCreate(w, r, n, body, true)
 }
 
 // refuseDraining answers 503 to a create passed here while this node
@@ -483,6 +524,171 @@ func (s *server) listNode(ctx context.Context, r *http.Request, n cluster.Node, 
 		}
 	}
 	return body.Sandboxes, nil
+}
+
+// item is what a volume, snapshot or recording route is about: the path
+// that reads it on any node (its GET), and whether this node holds it.
+type item func(r *http.Request) (path string, here bool)
+
+// itemOf returns the item of a volume, snapshot or recording route, nil
+// for any other.
+func (s *server) itemOf(pattern string) item {
+	if s.cfg.Cluster == nil {
+		return nil
+	}
+	_, path, _ := strings.Cut(pattern, " ")
+	switch {
+	case strings.HasPrefix(path, "/v1/volumes/{name}"):
+		return func(r *http.Request) (string, bool) {
+			name, err := pathVolume(r)
+			if err != nil {
+				return "", true // the handler refuses it
+			}
+			_, err = s.mgr.GetVolume(r.Context(), s.keys.Owner(r), name)
+			return "/v1/volumes/" + url.PathEscape(name), !errors.Is(err, errdefs.ErrNotFound)
+		}
+	case strings.HasPrefix(path, "/v1/snapshots/{snapshot}"):
+		return func(r *http.Request) (string, bool) {
+			ref, err := pathSnapshot(r)
+			if err != nil {
+				return "", true
+			}
+			_, err = s.mgr.GetSnapshot(r.Context(), s.keys.Owner(r), ref)
+			return "/v1/snapshots/" + url.PathEscape(ref), !errors.Is(err, errdefs.ErrNotFound)
+		}
+	case strings.HasPrefix(path, "/v1/recordings/{recording}"):
+		return func(r *http.Request) (string, bool) {
+			id, err := pathRecording(r)
+			if err != nil {
+				return "", true
+			}
+			_, err = s.mgr.GetRecording(r.Context(), s.keys.Owner(r), id)
+			return "/v1/recordings/" + url.PathEscape(id), !errors.Is(err, errdefs.ErrNotFound)
+		}
+	}
+	return nil
+}
+
+// clusteredItem passes a request about a volume, snapshot or recording
+// this node does not hold to the node that does. Those stay on the node
+// where they were made (their files are there), and the catalog does not
+// hold them, so the other live nodes are asked, in parallel, with the
+// client's own key; a key's items are few and such calls rare next to a
+// sandbox's. Found nowhere, the handler answers its 404.
+func (s *server) clusteredItem(h http.HandlerFunc, it item) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if forwarded(r) || !s.keys.Authorized(r) {
+			h(w, r)
+			return
+		}
+		path, here := it(r)
+		if here {
+			h(w, r)
+			return
+		}
+		if n, ok := s.findItem(r, path); ok {
+			s.proxy(w, r, n.Name, n.URL)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// findItem asks the other live nodes for path (a GET, with r's key) and
+// returns the first that has it.
+func (s *server) findItem(r *http.Request, path string) (cluster.Node, bool) {
+	c := s.cfg.Cluster
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	found := make(chan cluster.Node, 1)
+	var wg sync.WaitGroup
+	for _, n := range c.Nodes() {
+		if n.Name == c.Name() {
+			continue
+		}
+		wg.Add(1)
+		go func(n cluster.Node) {
+			defer wg.Done()
+			resp, err := s.askNode(ctx, r, n, path)
+			if err != nil {
+				return
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				select {
+				case found <- n:
+					cancel() // the others need not finish
+				default:
+				}
+			}
+		}(n)
+	}
+	wg.Wait()
+	select {
+	case n := <-found:
+		return n, true
+	default:
+		return cluster.Node{}, false
+	}
+}
+
+// askNode GETs uri from node n with r's key, marked as forwarded (n
+// answers for itself only).
+func (s *server) askNode(ctx context.Context, r *http.Request, n cluster.Node, uri string) (*http.Response, error) {
+	out, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(n.URL, "/")+uri, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range []string{"Authorization", "X-API-Key"} {
+		if v := r.Header.Values(h); len(v) > 0 {
+			out.Header[h] = v
+		}
+	}
+	out.Header.Set(forwardedHeader, s.cfg.Cluster.Name())
+	return clusterTransport.RoundTrip(out)
+}
+
+// itemsElsewhere returns the volumes, snapshots or recordings (field of
+// the list's answer) that the other live nodes list at uri for r's key,
+// for a list to span the cluster. A node that does not answer within
+// 5 s is left out; nil outside a cluster or for a forwarded request.
+func itemsElsewhere[T any](s *server, r *http.Request, uri, field string) []T {
+	c := s.cfg.Cluster
+	if c == nil || forwarded(r) {
+		return nil
+	}
+	var (
+		mu  sync.Mutex
+		out []T
+		wg  sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	for _, n := range c.Nodes() {
+		if n.Name == c.Name() {
+			continue
+		}
+		wg.Add(1)
+		go func(n cluster.Node) {
+			defer wg.Done()
+			resp, err := s.askNode(ctx, r, n, uri)
+			if err != nil {
+				s.log.Warn("cluster: list a node's "+field, "node", n.Name, "err", err)
+				return
+			}
+			defer resp.Body.Close()
+			var body map[string][]T
+			if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&body) != nil {
+				s.log.Warn("cluster: list a node's "+field, "node", n.Name, "status", resp.StatusCode)
+				return
+			}
+			mu.Lock()
+			out = append(out, body[field]...)
+			mu.Unlock()
+		}(n)
+	}
+	wg.Wait()
+	return out
 }
 
 // catalogPut records a sandbox this node now holds; a failure is left to

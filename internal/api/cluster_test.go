@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/cluster"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // fakeCluster is node "a" of a cluster whose node "b" is an httptest
@@ -180,5 +182,72 @@ func TestClusterProxy(t *testing.T) {
 	w = e.do("GET", "/healthz", nil)
 	if w.Code != 200 || !strings.Contains(w.Body.String(), `"degraded"`) || !strings.Contains(w.Body.String(), "no quorum") {
 		t.Errorf("degraded health: %d %s", w.Code, w.Body.String())
+	}
+}
+
+// TestClusterMountRefuse checks that what the cluster refuses for a
+// mount (a lost sandbox) is answered in the mount's own shape.
+func TestClusterMountRefuse(t *testing.T) {
+	fc := &fakeCluster{b: "http://127.0.0.1:1"}
+	e := newTestEnv(t, Config{Cluster: fc, Mounts: []Mount{{
+		Name:    "m",
+		Claims:  func(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, "/m/") },
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "the mount itself") }),
+		Sandbox: func(r *http.Request) string { return strings.TrimPrefix(r.URL.Path, "/m/") },
+		Refuse: func(w http.ResponseWriter, r *http.Request, err error) {
+			status := 500
+			if errors.Is(err, errdefs.ErrConflict) {
+				status = http.StatusConflict
+			}
+			w.WriteHeader(status)
+			io.WriteString(w, "mount-shaped: "+err.Error())
+		},
+	}}})
+	w := e.do("GET", "/m/sblost", nil)
+	if w.Code != http.StatusConflict || !strings.HasPrefix(w.Body.String(), "mount-shaped: ") || !strings.Contains(w.Body.String(), "node gone") {
+		t.Errorf("a mount's request about a lost sandbox: %d %s", w.Code, w.Body.String())
+	}
+}
+
+// TestClusterItems checks that a volume, snapshot or recording this node
+// does not hold is looked for on the others and the request passed to the
+// one that has it, with the client's key, and that one it holds is its own.
+func TestClusterItems(t *testing.T) {
+	b := &nodeB{}
+	bsrv := httptest.NewServer(http.HandlerFunc(b.handler))
+	defer bsrv.Close()
+	e := newTestEnv(t, Config{Cluster: &fakeCluster{b: bsrv.URL}})
+	for _, path := range []string{"/v1/volumes/elsewhere", "/v1/snapshots/elsewhere", "/v1/recordings/" + strings.Repeat("r", 26)} {
+		before := b.count()
+		w := e.do("GET", path, nil)
+		if w.Code != 200 || w.Body.String() != "from b: "+path {
+			t.Errorf("GET %s held by b: %d %q", path, w.Code, w.Body.String())
+		}
+		// Asked once, then passed there.
+		if n := b.count() - before; n != 2 {
+			t.Errorf("GET %s: b got %d requests, want 2", path, n)
+		}
+		b.mu.Lock()
+		last := b.reqs[len(b.reqs)-1]
+		b.mu.Unlock()
+		if last.Header.Get("X-API-Key") != testKey || last.Header.Get(forwardedHeader) != "a" {
+			t.Errorf("GET %s reached b with key %q, forwarded by %q", path, last.Header.Get("X-API-Key"), last.Header.Get(forwardedHeader))
+		}
+	}
+	// A create that names b's snapshot, or b's volume, is made on b.
+	for _, body := range []string{`{"from_snapshot":"elsewhere"}`, `{"volumes":[{"name":"elsewhere","path":"/mnt/v"}]}`} {
+		w := e.do("POST", "/v1/sandboxes", strings.NewReader(body))
+		b.mu.Lock()
+		last, lastBody := b.reqs[len(b.reqs)-1], b.body[len(b.body)-1]
+		b.mu.Unlock()
+		if w.Code != http.StatusCreated || !strings.Contains(w.Body.String(), `"node":"b"`) ||
+			last.Method != http.MethodPost || last.URL.Path != "/v1/sandboxes" || lastBody != body {
+			t.Errorf("create %s: %d %s; b last got %s %s %q", body, w.Code, w.Body.String(), last.Method, last.URL.Path, lastBody)
+		}
+	}
+	// Without a key, nothing is asked of the others.
+	before := b.count()
+	if w := e.do("GET", "/v1/volumes/elsewhere", nil, "X-API-Key", ""); w.Code != http.StatusUnauthorized || b.count() != before {
+		t.Errorf("GET a volume without a key: %d, b asked %d times", w.Code, b.count()-before)
 	}
 }

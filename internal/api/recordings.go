@@ -1,8 +1,11 @@
 package api
 
 import (
+	"cmp"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/recording"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -87,7 +90,14 @@ func (s *server) listRecordings(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, invalidf("sandbox_id must be one sandbox id"))
 		return
 	}
-	writeRecordings(w, s.mgr.ListRecordings(r.Context(), s.keys.Owner(r), sandboxID))
+	list := s.mgr.ListRecordings(r.Context(), s.keys.Owner(r), sandboxID)
+	if more := itemsElsewhere[sandbox.Recording](s, r, r.URL.RequestURI(), "recordings"); len(more) > 0 {
+		list = append(list, more...)
+		slices.SortStableFunc(list, func(a, b sandbox.Recording) int {
+			return cmp.Or(a.StartedAt.Compare(b.StartedAt), strings.Compare(a.ID, b.ID))
+		})
+	}
+	writeRecordings(w, list)
 }
 
 func (s *server) getRecording(w http.ResponseWriter, r *http.Request) {

@@ -1,7 +1,10 @@
 package api
 
 import (
+	"cmp"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
@@ -51,6 +54,12 @@ func (s *server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	list := s.mgr.ListSnapshots(r.Context(), s.keys.Owner(r), sandboxID)
+	if more := itemsElsewhere[sandbox.Snapshot](s, r, r.URL.RequestURI(), "snapshots"); len(more) > 0 {
+		list = append(list, more...)
+		slices.SortStableFunc(list, func(a, b sandbox.Snapshot) int {
+			return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), strings.Compare(a.ID, b.ID))
+		})
+	}
 	if list == nil {
 		list = []sandbox.Snapshot{}
 	}

@@ -2,6 +2,8 @@ package api
 
 import (
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
@@ -48,6 +50,10 @@ func (s *server) createVolume(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	list := s.mgr.ListVolumes(r.Context(), s.keys.Owner(r))
+	if more := itemsElsewhere[sandbox.Volume](s, r, r.URL.RequestURI(), "volumes"); len(more) > 0 {
+		list = append(list, more...)
+		slices.SortStableFunc(list, func(a, b sandbox.Volume) int { return strings.Compare(a.Name, b.Name) })
+	}
 	if list == nil {
 		list = []sandbox.Volume{}
 	}

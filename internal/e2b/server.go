@@ -104,6 +104,13 @@ type Server struct {
 	elsewhere func(*http.Request) []sandbox.Sandbox
 }
 
+// WriteError answers err in E2B's error shape ({"code", "message"}),
+// with the status E2B gives its kind, for what a proxy in front of the
+// control plane refuses on its behalf.
+func (s *Server) WriteError(w http.ResponseWriter, r *http.Request, err error) {
+	writeError(w, s.log, r, err)
+}
+
 // SetElsewhere makes lists (GET /sandboxes, /v2/sandboxes) include the
 // sandboxes f returns for a request: in a cluster, the other nodes'.
 // Call it before the server serves.

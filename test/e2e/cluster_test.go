@@ -183,7 +183,8 @@ func TestCluster(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sbs[i], errs[i] = a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
+			// DevTools on, for the CDP checks through a.
+			sbs[i], errs[i] = a.Create(ctx, client.CreateRequest{Backend: "gvisor", Env: map[string]string{"CUBICLE_DEVTOOLS": "1"}})
 		}()
 	}
 	wg.Wait()
@@ -209,6 +210,7 @@ func TestCluster(t *testing.T) {
 	}
 	// MCP's tools and CDP reach the other nodes' sandboxes through a too.
 	agentProtocolsThrough(t, tc, "a", sbs)
+	heldThrough(t, tc)
 
 	// Drained (the operator's file in its data dir), a takes no new
 	// sandboxes: creates through it go to b and c, and its own run on.
@@ -462,6 +464,41 @@ func driveThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) 
 	if err != nil || !bytes.HasPrefix(greeting, []byte("RFB 003.")) {
 		t.Fatalf("live view through %s: %q, %v; want the RFB greeting", via, greeting, err)
 	}
+}
+
+// heldThrough checks that a volume, which stays on the node that made
+// it, is listed, read and used through another node: made through b, it
+// is listed and read through a, and a create through a that names it is
+// made on b, where a command writes to it. (gvisor cannot snapshot, so
+// snapshots across nodes are TestClusterItems' and TestClusterProxy's,
+// against a fake node.)
+func heldThrough(t *testing.T, tc *testCluster) {
+	t.Helper()
+	ctx := context.Background()
+	a, b := tc.client("a"), tc.client("b")
+	if _, err := b.CreateVolume(ctx, "held", 64); err != nil {
+		t.Fatalf("create a volume through b: %v", err)
+	}
+	defer a.DeleteVolume(ctx, "held")
+	vols, err := a.ListVolumes(ctx)
+	if err != nil || len(vols) != 1 || vols[0].Name != "held" {
+		t.Fatalf("volumes listed through a: %+v, %v", vols, err)
+	}
+	if v, err := a.GetVolume(ctx, "held"); err != nil || v.Name != "held" {
+		t.Fatalf("b's volume read through a: %+v, %v", v, err)
+	}
+	withVol, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor", Volumes: []client.VolumeMount{{Name: "held", Path: "/mnt/held"}}})
+	if err != nil || withVol.Node != "b" {
+		t.Fatalf("create naming b's volume through a: node %q, %v; want b", withVol.Node, err)
+	}
+	res, err := a.Exec(ctx, withVol.ID, client.ExecRequest{Command: "echo kept > /mnt/held/f && cat /mnt/held/f"})
+	if err != nil || res.Stdout != "kept\n" {
+		t.Fatalf("write to the volume through a: %+v, %v", res, err)
+	}
+	if err := a.Destroy(ctx, withVol.ID); err != nil {
+		t.Fatal(err)
+	}
+
 }
 
 // agentProtocolsThrough drives, through node via, one sandbox of each
