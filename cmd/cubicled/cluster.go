@@ -3,6 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -11,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/api"
@@ -26,6 +30,55 @@ type clusterFlags struct {
 	advertise  string
 	leaseTTL   time.Duration
 	candidates int
+	// etcd's TLS and auth: a CA file, this node's client certificate
+	// and key, a user and a file holding its password.
+	etcdCA, etcdCert, etcdKey string
+	etcdUser, etcdPassFile    string
+}
+
+// etcdSecurity turns the etcd TLS and auth flags into the client's
+// settings: TLS when any certificate flag is set (a CA alone checks the
+// server; a certificate and key also prove this node), a user with the
+// password read from its file.
+func etcdSecurity(f clusterFlags) (*tls.Config, string, string, error) {
+	var tc *tls.Config
+	if f.etcdCA != "" || f.etcdCert != "" || f.etcdKey != "" {
+		tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		if f.etcdCA != "" {
+			pem, err := os.ReadFile(f.etcdCA)
+			if err != nil {
+				return nil, "", "", fmt.Errorf("--etcd-ca: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, "", "", fmt.Errorf("--etcd-ca: %s holds no PEM certificate", f.etcdCA)
+			}
+		}
+		if (f.etcdCert == "") != (f.etcdKey == "") {
+			return nil, "", "", errors.New("--etcd-cert and --etcd-key go together")
+		}
+		if f.etcdCert != "" {
+			cert, err := tls.LoadX509KeyPair(f.etcdCert, f.etcdKey)
+			if err != nil {
+				return nil, "", "", fmt.Errorf("--etcd-cert/--etcd-key: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if (f.etcdUser == "") != (f.etcdPassFile == "") {
+		return nil, "", "", errors.New("--etcd-user and --etcd-password-file go together")
+	}
+	var pass string
+	if f.etcdPassFile != "" {
+		b, err := os.ReadFile(f.etcdPassFile)
+		if err != nil {
+			return nil, "", "", fmt.Errorf("--etcd-password-file: %w", err)
+		}
+		if pass = strings.TrimRight(string(b), "\r\n"); pass == "" {
+			return nil, "", "", fmt.Errorf("--etcd-password-file: %s is empty", f.etcdPassFile)
+		}
+	}
+	return tc, f.etcdUser, pass, nil
 }
 
 // clusterNode is this node's part of a cluster: the store of the
@@ -36,15 +89,29 @@ type clusterNode struct {
 	// (touch it before maintenance, remove it after), kept out of the
 	// API, where every key is a tenant.
 	drainFile string
+	// backends are the backends available here, as refreshBackends
+	// last found them: asking the drivers can exec probes, which on a
+	// loaded host take seconds, and Load runs in the loop that renews
+	// the node's lease.
+	backends *atomic.Pointer[[]string]
+}
+
+// refreshBackends asks the manager which backends are available now.
+func (n clusterNode) refreshBackends(ctx context.Context) {
+	var names []string
+	for _, b := range n.mgr.Backends(ctx) {
+		if b.Available {
+			names = append(names, b.Name)
+		}
+	}
+	n.backends.Store(&names)
 }
 
 // Load is the node's capacity and load, for placement.
 func (n clusterNode) Load(ctx context.Context) cluster.Load {
 	var l cluster.Load
-	for _, b := range n.mgr.Backends(ctx) {
-		if b.Available {
-			l.Backends = append(l.Backends, b.Name)
-		}
+	if b := n.backends.Load(); b != nil {
+		l.Backends = *b
 	}
 	c := n.mgr.Capacity()
 	l.MaxSandboxes, l.Live = c.MaxSandboxes, c.Running
@@ -178,8 +245,14 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 			return nil, nil, fmt.Errorf("--node-name: %w", err)
 		}
 	}
-	node := clusterNode{mgr: mgr, drainFile: filepath.Join(dataDir, "drain")}
+	tlsConf, user, pass, err := etcdSecurity(f)
+	if err != nil {
+		return nil, nil, err
+	}
+	node := clusterNode{mgr: mgr, drainFile: filepath.Join(dataDir, "drain"), backends: new(atomic.Pointer[[]string])}
+	node.refreshBackends(ctx)
 	c, err := cluster.New(cluster.Config{
+		TLS: tlsConf, Username: user, Password: pass,
 		Endpoints: endpoints, Name: name, URL: adv, Version: version,
 		LeaseTTL: f.leaseTTL, Candidates: f.candidates,
 		Local: node, Log: log,
@@ -200,12 +273,15 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	paused := make(chan struct{})
 	go func() {
 		// A drain that pauses: every 2 s, as the drain file is read for
-		// the node's record.
+		// the node's record; and which backends are available.
 		defer close(paused)
 		failed := map[string]bool{}
 		t := time.NewTicker(2 * time.Second)
 		defer t.Stop()
-		for {
+		for i := 1; ; i++ {
+			if i%15 == 0 {
+				node.refreshBackends(cctx) // every 30 s
+			}
 			node.pauseForDrain(cctx, failed, log)
 			select {
 			case <-cctx.Done():

@@ -20,6 +20,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -124,6 +125,12 @@ type Config struct {
 	// Refresh is how often the node's load is written; Reconcile how
 	// often the catalog is checked against the node's store.
 	Refresh, Reconcile time.Duration
+	// TLS, when set, is how the client reaches etcd's https endpoints
+	// (the CA that signed them, and this node's client certificate when
+	// etcd asks for one).
+	TLS *tls.Config
+	// Username and Password authenticate to etcd when its auth is on.
+	Username, Password string
 	// Local is this node; nil for a client that only reads (tests).
 	Local Local
 	Log   *slog.Logger
@@ -194,6 +201,9 @@ func New(cfg Config) (*Cluster, error) {
 		DialTimeout:          callTimeout,
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
+		TLS:                  cfg.TLS,
+		Username:             cfg.Username,
+		Password:             cfg.Password,
 		Logger:               zap.NewNop(),
 	})
 	if err != nil {

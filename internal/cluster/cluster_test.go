@@ -2,11 +2,15 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/cubicle-dev/cubicle/internal/cluster/etcdtest"
 )
@@ -401,6 +405,81 @@ func BenchmarkTakeCreate(b *testing.B) {
 	for b.Loop() {
 		if ok, err := c.TakeCreate(context.Background(), "key-bench", 1e9, 1000); err != nil || !ok {
 			b.Fatalf("TakeCreate = %v, %v", ok, err)
+		}
+	}
+}
+
+// TestTLSAndAuth runs a node against etcd on https that asks for client
+// certificates, with etcd's auth on and a user whose role reaches only
+// cubicle's prefix: it registers and writes its catalog. Without the
+// client certificate, or with a wrong password, it cannot, and says so.
+func TestTLSAndAuth(t *testing.T) {
+	etcd := etcdtest.StartTLS(t, 1)
+	ctx := context.Background()
+	root, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints(), TLS: etcd.ClientTLS(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	steps := []func() error{
+		func() error { _, err := root.UserAdd(ctx, "root", "root-pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := root.RoleAdd(ctx, "cubicle"); return err },
+		func() error {
+			_, err := root.RoleGrantPermission(ctx, "cubicle", DefaultPrefix, clientv3.GetPrefixRangeEnd(DefaultPrefix), clientv3.PermissionType(clientv3.PermReadWrite))
+			return err
+		},
+		func() error { _, err := root.UserAdd(ctx, "cubicle", "node-pw"); return err },
+		func() error { _, err := root.UserGrantRole(ctx, "cubicle", "cubicle"); return err },
+		func() error { _, err := root.AuthEnable(ctx); return err },
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("etcd auth set-up step %d: %v", i, err)
+		}
+	}
+	start := func(name string, tc *tls.Config, pass string) (*Cluster, error) {
+		c, err := New(Config{Endpoints: etcd.Endpoints(), Name: name, URL: "http://" + name + ".test", Version: "test",
+			LeaseTTL: 2 * time.Second, Local: newFakeLocal(4, "gvisor"), Refresh: 200 * time.Millisecond, Reconcile: 500 * time.Millisecond,
+			TLS: tc, Username: "cubicle", Password: pass})
+		if err != nil {
+			return nil, err
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = c.Run(cctx) }()
+		t.Cleanup(func() { cancel(); <-done; _ = c.Close() })
+		return c, nil
+	}
+	good, err := start("good", etcd.ClientTLS(), "node-pw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 15*time.Second, "the node with certificate and password registered", func() bool { return good.Degraded() == "" })
+	if err := good.Put(ctx, Entry{ID: "sb1", State: "running"}); err != nil {
+		t.Fatalf("catalog put over TLS with auth: %v", err)
+	}
+	if ok, err := good.TakeCreate(ctx, "key-1", 1, 1); err != nil || !ok {
+		t.Fatalf("create budget over TLS with auth: %v, %v", ok, err)
+	}
+
+	// A wrong password is refused as the client starts (cubicled does
+	// not start), and so is a client without a certificate.
+	if _, err := start("badpass", etcd.ClientTLS(), "wrong"); err == nil || !strings.Contains(err.Error(), "authentication failed") {
+		t.Errorf("a wrong password: %v", err)
+	}
+	noCert := etcd.ClientTLS()
+	noCert.Certificates = nil
+	if anon, err := start("nocert", noCert, "node-pw"); err == nil {
+		time.Sleep(3 * time.Second)
+		if anon.Degraded() == "" {
+			t.Error("a node without a client certificate registered")
+		}
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, name := range []string{"badpass", "nocert"} {
+		if _, ok := good.Node(name); ok {
+			t.Errorf("node %s is a member", name)
 		}
 	}
 }

@@ -183,8 +183,7 @@ func TestCluster(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// DevTools on, for the CDP checks through a.
-			sbs[i], errs[i] = a.Create(ctx, client.CreateRequest{Backend: "gvisor", Env: map[string]string{"CUBICLE_DEVTOOLS": "1"}})
+			sbs[i], errs[i] = a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
 		}()
 	}
 	wg.Wait()
@@ -503,9 +502,9 @@ func heldThrough(t *testing.T, tc *testCluster) {
 
 // agentProtocolsThrough drives, through node via, one sandbox of each
 // other node by MCP (a command whose output is checked, a screenshot of
-// the screen's size) and by CDP (the browser's version over the
-// DevTools WebSocket that json/version names, which must be via's own
-// address).
+// the screen's size), and a sandbox with DevTools on another node by CDP
+// (the browser's version over the DevTools WebSocket that json/version
+// names, which must be via's own address).
 func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []client.Sandbox) {
 	t.Helper()
 	ctx := context.Background()
@@ -524,46 +523,67 @@ func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []clie
 		if w, h := mcpPicture(t, mcpCall(t, cs, "screenshot", map[string]any{"sandbox_id": sb.ID})); w != 1024 || h != 768 {
 			t.Errorf("MCP screenshot of %s (node %s) through %s: %dx%d", sb.ID, sb.Node, via, w, h)
 		}
-
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/v1/sandboxes/"+sb.ID+"/cdp/json/version", nil)
-		req.Header.Set("X-API-Key", tc.key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("CDP json/version of %s through %s: %v", sb.ID, via, err)
-		}
-		var version struct {
-			Browser string `json:"Browser"`
-			WS      string `json:"webSocketDebuggerUrl"`
-		}
-		err = json.NewDecoder(resp.Body).Decode(&version)
-		resp.Body.Close()
-		if err != nil || resp.StatusCode != 200 || !strings.Contains(version.Browser, "Chrome") {
-			t.Fatalf("CDP json/version of %s (node %s) through %s: %d %+v, %v", sb.ID, sb.Node, via, resp.StatusCode, version, err)
-		}
-		wsURL, err := url.Parse(version.WS)
-		if err != nil || wsURL.Host != strings.TrimPrefix(d.URL, "http://") {
-			t.Fatalf("CDP WebSocket URL %q of %s through %s: want %s's own host", version.WS, sb.ID, via, via)
-		}
-		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ws, _, err := websocket.Dial(wctx, version.WS, &websocket.DialOptions{HTTPHeader: http.Header{"X-API-Key": {tc.key}}})
-		if err != nil {
-			cancel()
-			t.Fatalf("CDP WebSocket of %s (node %s) through %s: %v", sb.ID, sb.Node, via, err)
-		}
-		if err := ws.Write(wctx, websocket.MessageText, []byte(`{"id":1,"method":"Browser.getVersion"}`)); err != nil {
-			t.Fatal(err)
-		}
-		_, msg, err := ws.Read(wctx)
-		ws.CloseNow()
-		cancel()
-		if err != nil || !bytes.Contains(msg, []byte(`"id":1`)) || !bytes.Contains(msg, []byte("Chrome")) {
-			t.Fatalf("CDP Browser.getVersion in %s (node %s) through %s: %s, %v", sb.ID, sb.Node, via, msg, err)
-		}
-		t.Logf("MCP and CDP reach %s on node %s through %s", sb.ID, sb.Node, via)
+		t.Logf("MCP reaches %s on node %s through %s", sb.ID, sb.Node, via)
 	}
 	if len(done) != len(tc.nodes) {
-		t.Errorf("MCP and CDP reached the sandboxes of %d nodes, want %d", len(done), len(tc.nodes))
+		t.Errorf("MCP reached the sandboxes of %d nodes, want %d", len(done), len(tc.nodes))
 	}
+
+	// DevTools is off unless a create asks (and such a sandbox cannot
+	// pause on gvisor, which the drain below does): creates through via
+	// until one lands on another node.
+	c := tc.client(via)
+	var sb client.Sandbox
+	for try := 0; ; try++ {
+		if try == 5 {
+			t.Fatalf("5 creates through %s all stayed on %s", via, via)
+		}
+		got, err := c.Create(ctx, client.CreateRequest{Backend: "gvisor", Env: map[string]string{"CUBICLE_DEVTOOLS": "1"}})
+		if err != nil {
+			t.Fatalf("create with DevTools through %s: %v", via, err)
+		}
+		defer c.Destroy(ctx, got.ID)
+		if got.Node != via {
+			sb = got
+			break
+		}
+	}
+
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/v1/sandboxes/"+sb.ID+"/cdp/json/version", nil)
+	req.Header.Set("X-API-Key", tc.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("CDP json/version of %s through %s: %v", sb.ID, via, err)
+	}
+	var version struct {
+		Browser string `json:"Browser"`
+		WS      string `json:"webSocketDebuggerUrl"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&version)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || !strings.Contains(version.Browser, "Chrome") {
+		t.Fatalf("CDP json/version of %s (node %s) through %s: %d %+v, %v", sb.ID, sb.Node, via, resp.StatusCode, version, err)
+	}
+	wsURL, err := url.Parse(version.WS)
+	if err != nil || wsURL.Host != strings.TrimPrefix(d.URL, "http://") {
+		t.Fatalf("CDP WebSocket URL %q of %s through %s: want %s's own host", version.WS, sb.ID, via, via)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ws, _, err := websocket.Dial(wctx, version.WS, &websocket.DialOptions{HTTPHeader: http.Header{"X-API-Key": {tc.key}}})
+	if err != nil {
+		cancel()
+		t.Fatalf("CDP WebSocket of %s (node %s) through %s: %v", sb.ID, sb.Node, via, err)
+	}
+	if err := ws.Write(wctx, websocket.MessageText, []byte(`{"id":1,"method":"Browser.getVersion"}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := ws.Read(wctx)
+	ws.CloseNow()
+	cancel()
+	if err != nil || !bytes.Contains(msg, []byte(`"id":1`)) || !bytes.Contains(msg, []byte("Chrome")) {
+		t.Fatalf("CDP Browser.getVersion in %s (node %s) through %s: %s, %v", sb.ID, sb.Node, via, msg, err)
+	}
+	t.Logf("CDP reaches %s on node %s through %s", sb.ID, sb.Node, via)
 }
 
 // TestClusterE2BSDK runs the unmodified e2b and @e2b/desktop SDKs against
@@ -616,14 +636,23 @@ func TestClusterE2BSDK(t *testing.T) {
 	}
 }
 
-// TestClusterRollingUpgrade restarts the three nodes one at a time (SIGTERM,
-// then the daemon again on its data dir, as an upgrade does) while six
+// TestClusterRollingUpgrade upgrades the three nodes one at a time
+// (SIGTERM, then the daemon again on its data dir from binaries stamped
+// with another version, which the other nodes must then show) while six
 // agent loops drive six sandboxes spread over them: each step a screenshot,
 // a click and a command whose output is checked. A loop whose node is
 // down moves to the next node's URL, as behind a load balancer. No sandbox
 // is lost: every one runs at the end, and every loop went on stepping
 // after the last restart.
 func TestClusterRollingUpgrade(t *testing.T) {
+	// The release the nodes move to: the same code, stamped with
+	// another version, as a build of the next release would be.
+	const nextVersion = "next-release"
+	next, err := harness.BuildVersion(nextVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(next) })
 	tc := startCluster(t, "a", "b", "c")
 	ctx := context.Background()
 	a := tc.client("a")
@@ -682,7 +711,7 @@ func TestClusterRollingUpgrade(t *testing.T) {
 		began := time.Now()
 		tc.nodes[name].Stop()
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
-		err := tc.nodes[name].Restart(rctx)
+		err := tc.nodes[name].Upgrade(rctx, next)
 		cancel()
 		if err != nil {
 			stop()
@@ -695,13 +724,13 @@ func TestClusterRollingUpgrade(t *testing.T) {
 				return false
 			}
 			for _, n := range info.Cluster.Nodes {
-				if n.Name == name && n.Started.After(began) {
+				if n.Name == name && n.Started.After(began) && n.Version == nextVersion {
 					return true
 				}
 			}
 			return false
 		})
-		t.Logf("node %s upgraded in %v", name, time.Since(began).Round(100*time.Millisecond))
+		t.Logf("node %s upgraded to %s in %v", name, nextVersion, time.Since(began).Round(100*time.Millisecond))
 		time.Sleep(2 * time.Second)
 	}
 	mu.Lock()

@@ -61,6 +61,31 @@ func Build() (string, error) {
 	return buildDir, buildErr
 }
 
+// BuildVersion compiles cubicled, cubicle and cubicle-agent again into
+// a directory of their own, with version stamped into cubicled as a
+// release build stamps it: the binaries an upgrade test moves a daemon
+// to (Upgrade). The caller removes the directory.
+func BuildVersion(version string) (string, error) {
+	dir, err := os.MkdirTemp("", "cubicle-bin-"+version+"-")
+	if err != nil {
+		return "", err
+	}
+	for _, p := range []struct{ name, pkg string }{
+		{"cubicled", "./cmd/cubicled"},
+		{"cubicle", "./cmd/cubicle"},
+		{"cubicle-agent", "./cmd/cubicle-agent"},
+	} {
+		cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+version, "-o", filepath.Join(dir, p.name), p.pkg)
+		cmd.Dir = moduleRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			os.RemoveAll(dir)
+			return "", fmt.Errorf("go build %s: %v\n%s", p.pkg, err, out)
+		}
+	}
+	return dir, nil
+}
+
 // RemoveBuild deletes what Build compiled. Every process that uses the
 // harness builds its own copy (about 50 MB in /tmp), so each must call it
 // when done: test packages from TestMain after m.Run, programs at exit,
@@ -228,6 +253,13 @@ func (d *Daemon) Stop() {
 
 // Restart starts the daemon again on the same address and data dir.
 func (d *Daemon) Restart(ctx context.Context) error {
+	return d.start(ctx)
+}
+
+// Upgrade starts the daemon again, stopped, from the binaries in bin
+// (BuildVersion's), on the same address and data dir.
+func (d *Daemon) Upgrade(ctx context.Context, bin string) error {
+	d.bin = bin
 	return d.start(ctx)
 }
 

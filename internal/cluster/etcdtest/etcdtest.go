@@ -5,7 +5,15 @@
 package etcdtest
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -27,12 +35,17 @@ type Member struct {
 	cmd        *exec.Cmd
 	exited     chan struct{}
 	initialArg string
+	transport  http.RoundTripper // nil: plain HTTP
 }
 
 // Cluster is a running etcd cluster.
 type Cluster struct {
 	t       testing.TB
 	Members []*Member
+	// With StartTLS: the CA that signed the members' certificates, and a
+	// client certificate and key it signed too (PEM files).
+	CAFile, ClientCert, ClientKey string
+	serverCert, serverKey         string
 }
 
 // Start starts an n-member cluster and waits until it answers; the
@@ -40,9 +53,23 @@ type Cluster struct {
 // fails under CUBICLE_REQUIRE_E2E).
 func Start(t testing.TB, n int) *Cluster { return StartOn(t, n, "127.0.0.1") }
 
+// StartTLS is Start with the members' client endpoints on https, and
+// etcd asking every client for a certificate its CA signed
+// (--client-cert-auth): Cluster's CAFile, ClientCert and ClientKey are
+// what a client needs.
+func StartTLS(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return start(t, n, "127.0.0.1", true)
+}
+
 // StartOn is Start with the members listening on host (an address of
 // the test's own network namespace that other namespaces reach).
 func StartOn(t testing.TB, n int, host string) *Cluster {
+	t.Helper()
+	return start(t, n, host, false)
+}
+
+func start(t testing.TB, n int, host string, secure bool) *Cluster {
 	t.Helper()
 	if _, err := exec.LookPath("etcd"); err != nil {
 		if os.Getenv("CUBICLE_REQUIRE_E2E") != "" {
@@ -52,14 +79,22 @@ func StartOn(t testing.TB, n int, host string) *Cluster {
 	}
 	c := &Cluster{t: t}
 	dir := t.TempDir()
+	scheme := "http://"
+	if secure {
+		scheme = "https://"
+		c.writePKI(dir, host)
+	}
 	var initial []string
 	for i := range n {
 		m := &Member{
 			Name:      fmt.Sprintf("etcd%d", i),
-			ClientURL: "http://" + freeAddr(t, host),
+			ClientURL: scheme + freeAddr(t, host),
 			peerURL:   "http://" + freeAddr(t, host),
 			dataDir:   filepath.Join(dir, fmt.Sprintf("etcd%d", i)),
 			logPath:   filepath.Join(dir, fmt.Sprintf("etcd%d.log", i)),
+		}
+		if secure {
+			m.transport = &http.Transport{TLSClientConfig: c.ClientTLS()}
 		}
 		initial = append(initial, m.Name+"="+m.peerURL)
 		c.Members = append(c.Members, m)
@@ -95,7 +130,7 @@ func (c *Cluster) start(m *Member) {
 		c.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command("etcd",
+	args := []string{
 		"--name", m.Name,
 		"--data-dir", m.dataDir,
 		"--listen-client-urls", m.ClientURL,
@@ -107,7 +142,12 @@ func (c *Cluster) start(m *Member) {
 		"--initial-cluster-token", "cubicle-test",
 		// Loopback: elections in a fraction of the default's time.
 		"--heartbeat-interval", "50", "--election-timeout", "500",
-	)
+	}
+	if c.CAFile != "" {
+		args = append(args, "--cert-file", c.serverCert, "--key-file", c.serverKey,
+			"--trusted-ca-file", c.CAFile, "--client-cert-auth")
+	}
+	cmd := exec.Command("etcd", args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -153,7 +193,7 @@ func (c *Cluster) StartNoWait(i int) {
 
 // Healthy reports whether member m answers /health with a leader.
 func (m *Member) Healthy() bool {
-	cl := http.Client{Timeout: time.Second}
+	cl := http.Client{Timeout: time.Second, Transport: m.transport}
 	resp, err := cl.Get(m.ClientURL + "/health")
 	if err != nil {
 		return false
@@ -188,4 +228,69 @@ func freeAddr(t testing.TB, host string) string {
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// writePKI makes a CA, a server certificate for host signed by it (the
+// members share it) and a client certificate, as PEM files in dir.
+func (c *Cluster) writePKI(dir, host string) {
+	c.t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	now := time.Now()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "etcdtest CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	write := func(name, kind string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
+			c.t.Fatal(err)
+		}
+		return p
+	}
+	leaf := func(serial int64, name string, usage x509.ExtKeyUsage) (certFile, keyFile string) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
+			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.ParseIP(host)}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		return write(name+".pem", "CERTIFICATE", der), write(name+".key", "PRIVATE KEY", keyDER)
+	}
+	c.CAFile = write("ca.pem", "CERTIFICATE", caDER)
+	c.serverCert, c.serverKey = leaf(2, "server", x509.ExtKeyUsageServerAuth)
+	c.ClientCert, c.ClientKey = leaf(3, "client", x509.ExtKeyUsageClientAuth)
+}
+
+// ClientTLS is a client's TLS settings for a StartTLS cluster: its CA,
+// and the client certificate.
+func (c *Cluster) ClientTLS() *tls.Config {
+	c.t.Helper()
+	pemCA, err := os.ReadFile(c.CAFile)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pemCA)
+	cert, err := tls.LoadX509KeyPair(c.ClientCert, c.ClientKey)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 }
