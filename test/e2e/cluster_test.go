@@ -549,20 +549,27 @@ func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []clie
 		}
 	}
 
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/v1/sandboxes/"+sb.ID+"/cdp/json/version", nil)
-	req.Header.Set("X-API-Key", tc.key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("CDP json/version of %s through %s: %v", sb.ID, via, err)
-	}
+	// Chromium opens DevTools some seconds after the desktop is ready
+	// (more on a loaded host): json/version answers 504 until then.
 	var version struct {
 		Browser string `json:"Browser"`
 		WS      string `json:"webSocketDebuggerUrl"`
 	}
-	err = json.NewDecoder(resp.Body).Decode(&version)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != 200 || !strings.Contains(version.Browser, "Chrome") {
-		t.Fatalf("CDP json/version of %s (node %s) through %s: %d %+v, %v", sb.ID, sb.Node, via, resp.StatusCode, version, err)
+	var last string
+	if !eventually(90*time.Second, func() bool {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, d.URL+"/v1/sandboxes/"+sb.ID+"/cdp/json/version", nil)
+		req.Header.Set("X-API-Key", tc.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		last = fmt.Sprintf("%d %s", resp.StatusCode, body)
+		return resp.StatusCode == 200 && json.Unmarshal(body, &version) == nil && strings.Contains(version.Browser, "Chrome")
+	}) {
+		t.Fatalf("CDP json/version of %s (node %s) through %s: %s", sb.ID, sb.Node, via, last)
 	}
 	wsURL, err := url.Parse(version.WS)
 	if err != nil || wsURL.Host != strings.TrimPrefix(d.URL, "http://") {
