@@ -245,6 +245,16 @@ func TestClusterItems(t *testing.T) {
 			t.Errorf("create %s: %d %s; b last got %s %s %q", body, w.Code, w.Body.String(), last.Method, last.URL.Path, lastBody)
 		}
 	}
+	// A sandbox of this node says so in every answer that shows it.
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/v1/sandboxes/" + runningID, ""},
+		{"POST", "/v1/sandboxes/" + runningID + "/timeout", `{"timeout_seconds":600}`},
+	} {
+		w := e.do(c.method, c.path, strings.NewReader(c.body))
+		if w.Code != 200 || !strings.Contains(w.Body.String(), `"node":"a"`) {
+			t.Errorf("%s %s: %d %s; want node a", c.method, c.path, w.Code, w.Body.String())
+		}
+	}
 	// Without a key, nothing is asked of the others.
 	before := b.count()
 	if w := e.do("GET", "/v1/volumes/elsewhere", nil, "X-API-Key", ""); w.Code != http.StatusUnauthorized || b.count() != before {

@@ -281,7 +281,16 @@ func (s *server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.here(sb))
+}
+
+// here marks a sandbox this node answers about with the node's name in
+// cluster mode (every Sandbox object then says where it runs).
+func (s *server) here(sb sandbox.Sandbox) sandbox.Sandbox {
+	if s.cfg.Cluster != nil {
+		sb.Node = s.cfg.Cluster.Name()
+	}
+	return sb
 }
 
 func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
@@ -299,7 +308,7 @@ func (s *server) pauseSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.here(sb))
 }
 
 // forkResponse is the answer of POST /v1/sandboxes/{id}/fork.
@@ -364,5 +373,5 @@ func (s *server) resumeSandbox(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.here(sb))
 }

@@ -244,14 +244,18 @@ func TestCluster(t *testing.T) {
 	}
 	c := tc.client("c")
 	paused := time.Now()
-	waitFor(t, "a's sandboxes paused by the drain", func() bool {
+	// One at a time, each a save of a desktop's memory: tens of seconds
+	// for three on this loaded 2-core host.
+	if !eventually(3*time.Minute, func() bool {
 		for _, sb := range onA {
 			if got, err := c.Get(ctx, sb.ID); err != nil || got.State != client.StatePaused {
 				return false
 			}
 		}
 		return true
-	})
+	}) {
+		t.Fatal("a's sandboxes were not all paused by the drain in 3 min")
+	}
 	t.Logf("a's %d sandboxes paused by the drain in %v", len(onA), time.Since(paused).Round(100*time.Millisecond))
 	os.Remove(drain)
 	for _, sb := range onA {
