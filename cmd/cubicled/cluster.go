@@ -162,7 +162,7 @@ func (n clusterNode) drainPauses() bool {
 // is then empty of boxes (a host can be rebooted) and each sandbox waits
 // on its disk, to be resumed on this node, through any node, by its
 // user. A sandbox that would not pause is not tried again by this call's
-// caller (failed keeps it).
+// caller (failed keeps it) while this drain lasts.
 func (n clusterNode) pauseForDrain(ctx context.Context, failed map[string]bool, log *slog.Logger) {
 	if !n.drainPauses() {
 		return
@@ -270,23 +270,39 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 	cctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = c.Run(cctx) }()
-	paused := make(chan struct{})
+	paused, probed := make(chan struct{}), make(chan struct{})
 	go func() {
 		// A drain that pauses: every 2 s, as the drain file is read for
-		// the node's record; and which backends are available.
+		// the node's record. A sandbox that would not pause is tried
+		// again at the next drain.
 		defer close(paused)
 		failed := map[string]bool{}
 		t := time.NewTicker(2 * time.Second)
 		defer t.Stop()
-		for i := 1; ; i++ {
-			if i%15 == 0 {
-				node.refreshBackends(cctx) // every 30 s
+		for {
+			if node.drainPauses() {
+				node.pauseForDrain(cctx, failed, log)
+			} else {
+				clear(failed)
 			}
-			node.pauseForDrain(cctx, failed, log)
 			select {
 			case <-cctx.Done():
 				return
 			case <-t.C:
+			}
+		}
+	}()
+	go func() {
+		// Which backends are available, for the node's record.
+		defer close(probed)
+		t := time.NewTicker(30 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-cctx.Done():
+				return
+			case <-t.C:
+				node.refreshBackends(cctx)
 			}
 		}
 	}()
@@ -314,6 +330,7 @@ func startCluster(ctx context.Context, f clusterFlags, ln net.Addr, mgr *sandbox
 		cancel()
 		<-done
 		<-paused
+		<-probed
 		// The lease is left to run: a node back within it (an upgrade)
 		// never shows its sandboxes lost.
 		_ = c.Close()

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -282,11 +283,15 @@ func (s *server) createWhereHeld(w http.ResponseWriter, r *http.Request, req san
 		}
 		path = "/v1/volumes/" + url.PathEscape(name)
 	}
-	n, ok := s.findItem(r, path)
-	if !ok {
-		return false
+	n, ok, err := s.findItem(r, path)
+	switch {
+	case ok:
+		return s.forwardCreate(w, r, n, body, true)
+	case err != nil:
+		s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, msg: "the snapshot or volume is " + err.Error()})
+		return true
 	}
-	return s.forwardCreate(w, r, n, body, true)
+	return false
 }
 
 // refuseDraining answers 503 to a create passed here while this node
@@ -586,22 +591,32 @@ func (s *server) clusteredItem(h http.HandlerFunc, it item) http.HandlerFunc {
 			h(w, r)
 			return
 		}
-		if n, ok := s.findItem(r, path); ok {
+		n, ok, err := s.findItem(r, path)
+		switch {
+		case ok:
 			s.proxy(w, r, n.Name, n.URL)
-			return
+		case err != nil:
+			s.writeError(w, r, &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, msg: err.Error()})
+		default:
+			h(w, r)
 		}
-		h(w, r)
 	}
 }
 
 // findItem asks the other live nodes for path (a GET, with r's key) and
-// returns the first that has it.
-func (s *server) findItem(r *http.Request, path string) (cluster.Node, bool) {
+// returns the first that has it. When none has it and some did not
+// answer (or failed), it cannot say the item does not exist: the error
+// says which nodes it could not ask.
+func (s *server) findItem(r *http.Request, path string) (cluster.Node, bool, error) {
 	c := s.cfg.Cluster
 	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
 	defer cancel()
 	found := make(chan cluster.Node, 1)
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		unsure []string
+	)
 	for _, n := range c.Nodes() {
 		if n.Name == c.Name() {
 			continue
@@ -610,26 +625,37 @@ func (s *server) findItem(r *http.Request, path string) (cluster.Node, bool) {
 		go func(n cluster.Node) {
 			defer wg.Done()
 			resp, err := s.askNode(ctx, r, n, path)
-			if err != nil {
-				return
+			if err == nil {
+				resp.Body.Close()
 			}
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			switch {
+			case err == nil && resp.StatusCode == http.StatusOK:
 				select {
 				case found <- n:
 					cancel() // the others need not finish
 				default:
 				}
+			case err == nil && resp.StatusCode == http.StatusNotFound:
+			default:
+				// (Or cut short because another had it: then
+				// unsure is not read.)
+				mu.Lock()
+				unsure = append(unsure, n.Name)
+				mu.Unlock()
 			}
 		}(n)
 	}
 	wg.Wait()
 	select {
 	case n := <-found:
-		return n, true
+		return n, true, nil
 	default:
-		return cluster.Node{}, false
 	}
+	if len(unsure) > 0 {
+		sort.Strings(unsure)
+		return cluster.Node{}, false, fmt.Errorf("not on this node, and node(s) %s did not answer whether they hold it; retry", strings.Join(unsure, ", "))
+	}
+	return cluster.Node{}, false, nil
 }
 
 // askNode GETs uri from node n with r's key, marked as forwarded (n

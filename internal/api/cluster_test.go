@@ -207,6 +207,16 @@ func TestClusterMountRefuse(t *testing.T) {
 	if w.Code != http.StatusConflict || !strings.HasPrefix(w.Body.String(), "mount-shaped: ") || !strings.Contains(w.Body.String(), "node gone") {
 		t.Errorf("a mount's request about a lost sandbox: %d %s", w.Code, w.Body.String())
 	}
+	// Node b does not answer: a volume that is not here may be there,
+	// which is not a 404; nor is a create that names it made here.
+	w = e.do("GET", "/v1/volumes/elsewhere", nil)
+	if w.Code != http.StatusServiceUnavailable || !strings.Contains(w.Body.String(), "node(s) b did not answer") {
+		t.Errorf("a volume while node b does not answer: %d %s", w.Code, w.Body.String())
+	}
+	w = e.do("POST", "/v1/sandboxes", strings.NewReader(`{"volumes":[{"name":"elsewhere","path":"/mnt/v"}]}`))
+	if w.Code != http.StatusServiceUnavailable {
+		t.Errorf("a create naming a volume while node b does not answer: %d %s", w.Code, w.Body.String())
+	}
 }
 
 // TestClusterItems checks that a volume, snapshot or recording this node

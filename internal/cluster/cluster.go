@@ -342,13 +342,30 @@ func (c *Cluster) register(ctx context.Context) error {
 		if err := c.claim(cctx, lease, string(b)); err != nil {
 			return err
 		}
-	} else if _, err := c.cli.Put(cctx, c.nodeKey(c.cfg.Name), string(b), clientv3.WithLease(lease)); err != nil {
-		if isLeaseGone(err) {
-			c.mu.Lock()
-			c.lease = 0
-			c.mu.Unlock()
+	} else {
+		// Written only while the record there is still under this
+		// node's lease: one deleted meanwhile (by hand, or expired) may
+		// have been claimed by another node of the same name, and the
+		// name is then claimed again, not taken.
+		key := c.nodeKey(c.cfg.Name)
+		resp, err := c.cli.Txn(cctx).If(clientv3.Compare(clientv3.LeaseValue(key), "=", lease)).
+			Then(clientv3.OpPut(key, string(b), clientv3.WithLease(lease))).Commit()
+		if err != nil {
+			if isLeaseGone(err) {
+				c.mu.Lock()
+				c.lease = 0
+				c.mu.Unlock()
+			}
+			return fmt.Errorf("register node: %w", err)
 		}
-		return fmt.Errorf("register node: %w", err)
+		if !resp.Succeeded {
+			if err := c.claim(cctx, lease, string(b)); err != nil {
+				c.mu.Lock()
+				c.written.lease = 0 // not a member until a claim succeeds
+				c.mu.Unlock()
+				return err
+			}
+		}
 	}
 	c.mu.Lock()
 	c.written.lease, c.written.load = lease, load
@@ -727,10 +744,7 @@ func (c *Cluster) Entries(keep func(Entry) bool) []Entry {
 // Put writes one of this node's sandboxes to the catalog at once (after
 // a create); Reconcile would bring it within its period anyway.
 func (c *Cluster) Put(ctx context.Context, e Entry) error {
-	c.mu.Lock()
-	member := c.lease != 0 && c.lease == c.written.lease
-	c.mu.Unlock()
-	if !member {
+	if !c.member() {
 		// Not yet registered, or the name is another node's: an entry
 		// under that name would be its to reconcile away.
 		return fmt.Errorf("%w: put %s: this node is not registered yet", ErrUnavailable, e.ID)
@@ -754,6 +768,9 @@ func (c *Cluster) Put(ctx context.Context, e Entry) error {
 // Remove deletes one of this node's sandboxes from the catalog, unless
 // another node holds its entry now.
 func (c *Cluster) Remove(ctx context.Context, id string) error {
+	if !c.member() {
+		return fmt.Errorf("%w: remove %s: this node is not registered", ErrUnavailable, id)
+	}
 	cctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
 	if err := c.removeIfMine(cctx, id); err != nil {
@@ -793,10 +810,10 @@ type rateState struct {
 // TakeCreate takes one create from owner's budget of r a second, in
 // bursts of at most burst, shared by every node: one read and one
 // compare-and-swap in etcd, retried when another node took from the same
-// budget in between. It answers false when the budget is spent, or when
-// the budget kept changing under it (a key creating that fast is over
-// any limit), and an error (ErrUnavailable) when etcd cannot be asked,
-// for the caller to fall back to a limit of its own.
+// budget in between. It answers false when the budget is spent, and an
+// error (ErrUnavailable) when etcd cannot be asked or the budget kept
+// changing under it through 8 tries, for the caller to fall back to a
+// limit of its own.
 func (c *Cluster) TakeCreate(ctx context.Context, owner string, r float64, burst int) (bool, error) {
 	if p := c.Degraded(); p != "" {
 		return false, fmt.Errorf("%w: %s", ErrUnavailable, p)
@@ -817,10 +834,10 @@ func (c *Cluster) TakeCreate(ctx context.Context, owner string, r float64, burst
 			var old rateState
 			if json.Unmarshal(resp.Kvs[0].Value, &old) == nil {
 				// A node whose clock is behind the last taker's adds
-				// nothing, and time never runs backwards in the record.
+				// nothing; its own time is written, so that a node
+				// whose clock ran ahead holds no one up for long.
 				elapsed := max(float64(now-old.At)/1e9, 0)
 				st.Tokens = min(float64(burst), old.Tokens+elapsed*r)
-				st.At = max(now, old.At)
 			}
 		}
 		if st.Tokens < 1 {
@@ -839,8 +856,13 @@ func (c *Cluster) TakeCreate(ctx context.Context, owner string, r float64, burst
 		if txn.Succeeded {
 			return true, nil
 		}
+		// Another take came first: again, after a short random wait, so
+		// that racing takes spread out.
+		sleepCtx(cctx, time.Duration(rand.IntN(20)+1)*time.Millisecond)
 	}
-	return false, nil
+	// Many creates of one key at once, across nodes: the caller's own
+	// limit decides this one.
+	return false, fmt.Errorf("%w: the create budget of a key kept changing under this node", ErrUnavailable)
 }
 
 // Sync is Reconcile, for a caller that just changed what runs here.
@@ -860,7 +882,21 @@ func (c *Cluster) Reconcile(ctx context.Context) error {
 	return err
 }
 
+// member reports whether this node holds its name in etcd now (its
+// record written under its current lease): only then are the catalog's
+// entries under its name its own to write and delete.
+func (c *Cluster) member() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lease != 0 && c.lease == c.written.lease
+}
+
 func (c *Cluster) reconcile(ctx context.Context) (put, deleted int, err error) {
+	if !c.member() {
+		// A node refused its name sees another node's entries as its
+		// own, and would delete them.
+		return 0, 0, fmt.Errorf("%w: this node is not registered", ErrUnavailable)
+	}
 	local := c.cfg.Local.Sandboxes(ctx)
 	have := make(map[string]bool, len(local))
 	c.mu.Lock()

@@ -278,7 +278,7 @@ func TestConfigRejects(t *testing.T) {
 // the name is free again once its holder's lease ends.
 func TestNameTaken(t *testing.T) {
 	etcd := etcdtest.Start(t, 1)
-	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 2*time.Second)
+	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 10*time.Second)
 	waitUntil(t, 10*time.Second, "a registered", func() bool { return a.Degraded() == "" })
 
 	// Another host, also told it is "a".
@@ -297,6 +297,20 @@ func TestNameTaken(t *testing.T) {
 	if err := c.Put(context.Background(), Entry{ID: "x", State: "running"}); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Put by the second a = %v, want ErrUnavailable", err)
 	}
+	// The first a's sandbox, which the second sees under its own name
+	// and does not hold: the second's reconcile must leave it.
+	own := Entry{ID: "sbA", State: "running", Created: time.Now().UTC().Truncate(time.Second)}
+	a.local.add(own)
+	if err := a.Put(context.Background(), own); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the second a to see sbA", func() bool {
+		loc, found, _ := c.Locate(context.Background(), "sbA", false)
+		return found && loc.Node == "a"
+	})
+	if err := c.Sync(context.Background()); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Sync by the second a = %v, want ErrUnavailable", err)
+	}
 	time.Sleep(time.Second)
 	if n, _ := a.Node("a"); n.URL != "http://a.test" {
 		t.Fatalf("a's record was overwritten: %+v", n)
@@ -304,17 +318,20 @@ func TestNameTaken(t *testing.T) {
 	if _, found, _ := a.Locate(context.Background(), "x", true); found {
 		t.Error("the second a's entry reached the catalog")
 	}
+	if _, found, _ := a.Locate(context.Background(), "sbA", true); !found {
+		t.Error("the second a's reconcile deleted the first a's sandbox from the catalog")
+	}
 
 	// a restarts (crash: lease left running) at its own URL: it takes
-	// its record back without waiting for the old lease.
+	// its record back without waiting for the old lease (10 s).
 	a.stop()
-	a2 := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 2*time.Second)
-	if took := waitUntil(t, 10*time.Second, "a back", func() bool { return a2.Degraded() == "" }); took > time.Second {
+	a2 := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 10*time.Second)
+	if took := waitUntil(t, 15*time.Second, "a back", func() bool { return a2.Degraded() == "" }); took > 5*time.Second {
 		t.Errorf("a restarted at its own URL waited %v for its name", took)
 	}
 	a2.stop()
 	// With the name's holder gone for its lease, the other host joins.
-	waitUntil(t, 15*time.Second, "the second a to join once the name is free", func() bool { return c.Degraded() == "" })
+	waitUntil(t, 25*time.Second, "the second a to join once the name is free", func() bool { return c.Degraded() == "" })
 	if n, _ := c.Node("a"); n.URL != "http://other.test" {
 		t.Fatalf("a is now %+v", n)
 	}

@@ -482,7 +482,6 @@ func heldThrough(t *testing.T, tc *testCluster) {
 	if _, err := b.CreateVolume(ctx, "held", 64); err != nil {
 		t.Fatalf("create a volume through b: %v", err)
 	}
-	defer a.DeleteVolume(ctx, "held")
 	vols, err := a.ListVolumes(ctx)
 	if err != nil || len(vols) != 1 || vols[0].Name != "held" {
 		t.Fatalf("volumes listed through a: %+v, %v", vols, err)
@@ -501,7 +500,13 @@ func heldThrough(t *testing.T, tc *testCluster) {
 	if err := a.Destroy(ctx, withVol.ID); err != nil {
 		t.Fatal(err)
 	}
-
+	// Deleted through c, which passes it to b.
+	if err := tc.client("c").DeleteVolume(ctx, "held"); err != nil {
+		t.Fatalf("delete b's volume through c: %v", err)
+	}
+	if _, err := b.GetVolume(ctx, "held"); !client.IsNotFound(err) {
+		t.Errorf("b's volume after its delete through c: %v", err)
+	}
 }
 
 // agentProtocolsThrough drives, through node via, one sandbox of each
@@ -656,6 +661,7 @@ func TestClusterE2BSDK(t *testing.T) {
 // is lost: every one runs at the end, and every loop went on stepping
 // after the last restart.
 func TestClusterRollingUpgrade(t *testing.T) {
+	tc := startCluster(t, "a", "b", "c")
 	// The release the nodes move to: the same code, stamped with
 	// another version, as a build of the next release would be.
 	const nextVersion = "next-release"
@@ -664,7 +670,6 @@ func TestClusterRollingUpgrade(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(next) })
-	tc := startCluster(t, "a", "b", "c")
 	ctx := context.Background()
 	a := tc.client("a")
 	var sbs []client.Sandbox
