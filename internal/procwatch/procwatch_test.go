@@ -2,6 +2,7 @@ package procwatch
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
 	"sync/atomic"
@@ -180,17 +181,41 @@ func TestWatchGone(t *testing.T) {
 	waitDead(t, w, time.Second)
 }
 
+// blocker starts a shell, as uid, with marker among its arguments, that
+// waits in its own read on a pipe the test holds open until it ends. A
+// `sleep` would be forked, and the forked shell has the same arguments
+// until it has exec'd sleep: on a loaded machine Find saw three
+// processes where two were started (CI).
+func blocker(t *testing.T, marker string, uid uint32) *exec.Cmd {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	cmd := exec.Command("sh", "-c", "read x", marker)
+	cmd.Stdin = r
+	if uid != 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
+	}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.Close()
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd
+}
+
 // TestFind checks that a process is found by its arguments while it lives,
 // and not once it has ended (a zombie included).
 func TestFind(t *testing.T) {
 	marker := fmt.Sprintf("cubicle-find-%d", time.Now().UnixNano())
 	byMarker := func(argv []string) bool { return slices.Contains(argv, marker) }
-	cmd := exec.Command("sh", "-c", "sleep 30", marker)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
+	cmd := blocker(t, marker, 0)
 	ps, err := Find(byMarker)
 	if err != nil {
 		t.Fatal(err)
@@ -223,14 +248,7 @@ func TestFindOwn(t *testing.T) {
 	byMarker := func(argv []string) bool { return slices.Contains(argv, marker) }
 	var cmds []*exec.Cmd
 	for _, uid := range []uint32{0, 65534} {
-		cmd := exec.Command("sh", "-c", "sleep 30", marker)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: uid}}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Wait()
-		defer cmd.Process.Kill()
-		cmds = append(cmds, cmd)
+		cmds = append(cmds, blocker(t, marker, uid))
 	}
 	all, err := Find(byMarker)
 	if err != nil || len(all) != 2 {
