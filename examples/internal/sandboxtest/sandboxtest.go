@@ -58,7 +58,9 @@ func FormSandbox(t *testing.T) (*client.Client, string) {
 
 	start := time.Now()
 	dataDir := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// The daemon, an XFCE desktop, Chromium and the form: about 20 s
+	// here, but over a minute once on a loaded CI machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	d, err := harness.Start(ctx, harness.Options{DataDir: dataDir, ImageDir: imageDir, DefaultBackend: "gvisor"})
 	if err != nil {
