@@ -232,6 +232,14 @@ func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string
 			s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable, msg: msg})
 		},
 	}
+	// The node's answer may start before the request's body has all
+	// arrived (a Connect stream: E2B's commands, the SDK's VNC start).
+	// Without full duplex Go's HTTP/1 server would then drain or close
+	// that body under the transport and cut the stream ("[unknown]
+	// terminated" in E2B's SDK, as the data plane once saw).
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		s.log.Debug("cluster: no full duplex", "err", err)
+	}
 	rp.ServeHTTP(w, r)
 }
 

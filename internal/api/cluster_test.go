@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -269,5 +270,54 @@ func TestClusterItems(t *testing.T) {
 	before := b.count()
 	if w := e.do("GET", "/v1/volumes/elsewhere", nil, "X-API-Key", ""); w.Code != http.StatusUnauthorized || b.count() != before {
 		t.Errorf("GET a volume without a key: %d, b asked %d times", w.Code, b.count()-before)
+	}
+}
+
+// TestClusterProxyFullDuplex sends a request whose body is still
+// arriving when the other node's answer starts, as a Connect stream's
+// does: the whole body must reach the node and the answer must finish.
+func TestClusterProxyFullDuplex(t *testing.T) {
+	bsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Node b's own server must allow it too, or it is b that cuts.
+		rc := http.NewResponseController(w)
+		rc.EnableFullDuplex()
+		w.WriteHeader(http.StatusOK)
+		rc.Flush()
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("node b read the body: %v", err)
+		}
+		fmt.Fprintf(w, "echo: %s", b)
+	}))
+	defer bsrv.Close()
+	e := newTestEnv(t, Config{Cluster: &fakeCluster{b: bsrv.URL}})
+	asrv := httptest.NewServer(e.h)
+	defer asrv.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	pr, pw := io.Pipe()
+	req, _ := http.NewRequestWithContext(ctx, "POST", asrv.URL+"/v1/sandboxes/sbremote/exec", pr)
+	req.Header.Set("X-API-Key", testKey)
+	req.ContentLength = -1
+	headers := make(chan struct{})
+	go func() {
+		io.WriteString(pw, "first,")
+		select {
+		case <-headers:
+		case <-ctx.Done():
+		}
+		io.WriteString(pw, "second")
+		pw.Close()
+	}()
+	resp, err := http.DefaultClient.Do(req)
+	close(headers)
+	if err != nil {
+		t.Fatalf("through node a: %v", err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || string(got) != "echo: first,second" {
+		t.Fatalf("answer %q (%v), want the whole body echoed", got, err)
 	}
 }

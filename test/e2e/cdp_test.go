@@ -48,13 +48,16 @@ const cdpPage = `<!doctype html>
 // that sandboxes have addresses to attack; the daemon's namespace is the
 // host's as far as the sandboxes can tell.
 func TestCDP(t *testing.T) {
+	// npm installs before the test leaves the host's network: the
+	// namespace it runs in reaches no registry (and an earlier CI run
+	// had no cached copy to fall back on).
+	needs.Command(t, "nft", "node", "npm")
+	jsDir := filepath.Join(harness.RepoRoot(), "test", "cdp-js")
+	npmCI(t, jsDir)
 	if !netpooltest.InOwnNetns(t) {
 		return
 	}
-	needs.Command(t, "nft", "node", "npm")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	jsDir := filepath.Join(harness.RepoRoot(), "test", "cdp-js")
-	npmCI(t, jsDir)
 	for _, backend := range selectedBackends("gvisor") {
 		t.Run(backend, func(t *testing.T) {
 			needsBackend(t, backend)
