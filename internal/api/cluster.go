@@ -50,6 +50,10 @@ const forwardedHeader = "X-Cubicle-Forwarded-By"
 // forwarded reports whether r came from another node.
 func forwarded(r *http.Request) bool { return r.Header.Get(forwardedHeader) != "" }
 
+// proxyBufferBytes is the largest request body a node reads whole
+// before passing the request to another node.
+const proxyBufferBytes = 1 << 20
+
 // clusterTransport carries requests between nodes: many idle connections
 // per node, since every proxied agent call reuses one.
 var clusterTransport = func() *http.Transport {
@@ -209,6 +213,23 @@ func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string
 		return
 	}
 	s.metrics.ClusterProxied.WithLabelValues(node).Inc()
+	// A small body is read whole before it is passed on. The node's
+	// answer may start before the proxy has read the body to its end (a
+	// Connect stream: E2B's commands, the SDK's VNC start); Go's HTTP/1
+	// server then drains and closes the rest under the transport, and the
+	// stream is cut ("[unknown] terminated" in E2B's SDK, seen in CI).
+	// Full duplex would avoid that but leaves a body the node refused
+	// unread on the client's connection. Larger bodies (file uploads)
+	// are answered only once the node has read them.
+	if r.ContentLength > 0 && r.ContentLength <= proxyBufferBytes {
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			s.writeError(w, r, &httpError{status: http.StatusBadRequest, code: codeInvalid,
+				msg: "reading the request body: " + err.Error()})
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(b))
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
@@ -231,14 +252,6 @@ func (s *server) proxy(w http.ResponseWriter, r *http.Request, node, base string
 			}
 			s.writeError(w, r, &httpError{status: http.StatusBadGateway, code: codeUnavailable, msg: msg})
 		},
-	}
-	// The node's answer may start before the request's body has all
-	// arrived (a Connect stream: E2B's commands, the SDK's VNC start).
-	// Without full duplex Go's HTTP/1 server would then drain or close
-	// that body under the transport and cut the stream ("[unknown]
-	// terminated" in E2B's SDK, as the data plane once saw).
-	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
-		s.log.Debug("cluster: no full duplex", "err", err)
 	}
 	rp.ServeHTTP(w, r)
 }

@@ -273,15 +273,17 @@ func TestClusterItems(t *testing.T) {
 	}
 }
 
-// TestClusterProxyFullDuplex sends a request whose body is still
-// arriving when the other node's answer starts, as a Connect stream's
-// does: the whole body must reach the node and the answer must finish.
-func TestClusterProxyFullDuplex(t *testing.T) {
+// TestClusterProxyEarlyHeaders has the other node start its answer
+// before it reads the body, as a Connect stream may, while the client's
+// body is still arriving: the whole body must reach the node and the
+// answer must finish.
+func TestClusterProxyEarlyHeaders(t *testing.T) {
 	bsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Node b's own server must allow it too, or it is b that cuts.
 		rc := http.NewResponseController(w)
 		rc.EnableFullDuplex()
 		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "start; ") // a stream's first event
 		rc.Flush()
 		b, err := io.ReadAll(r.Body)
 		if err != nil {
@@ -299,25 +301,68 @@ func TestClusterProxyFullDuplex(t *testing.T) {
 	pr, pw := io.Pipe()
 	req, _ := http.NewRequestWithContext(ctx, "POST", asrv.URL+"/v1/sandboxes/sbremote/exec", pr)
 	req.Header.Set("X-API-Key", testKey)
-	req.ContentLength = -1
-	headers := make(chan struct{})
+	req.ContentLength = int64(len("first,second"))
 	go func() {
 		io.WriteString(pw, "first,")
-		select {
-		case <-headers:
-		case <-ctx.Done():
-		}
+		time.Sleep(300 * time.Millisecond)
 		io.WriteString(pw, "second")
 		pw.Close()
 	}()
 	resp, err := http.DefaultClient.Do(req)
-	close(headers)
 	if err != nil {
 		t.Fatalf("through node a: %v", err)
 	}
 	defer resp.Body.Close()
 	got, err := io.ReadAll(resp.Body)
-	if err != nil || string(got) != "echo: first,second" {
+	if err != nil || string(got) != "start; echo: first,second" {
 		t.Fatalf("answer %q (%v), want the whole body echoed", got, err)
+	}
+}
+
+// TestClusterProxyEarlyAnswer sends a large body that the other node
+// refuses before reading it all, then another request on the same
+// connection: the rest of the first body must not be read as the second
+// request.
+func TestClusterProxyEarlyAnswer(t *testing.T) {
+	bsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			io.CopyN(io.Discard, r.Body, 1<<20)
+			w.WriteHeader(http.StatusRequestEntityTooLarge)
+			return
+		}
+		io.WriteString(w, "from b")
+	}))
+	defer bsrv.Close()
+	e := newTestEnv(t, Config{Cluster: &fakeCluster{b: bsrv.URL}})
+	asrv := httptest.NewServer(e.h)
+	defer asrv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	defer client.CloseIdleConnections()
+	for i := range 3 {
+		req, _ := http.NewRequest("POST", asrv.URL+"/v1/sandboxes/sbremote/exec", strings.NewReader(strings.Repeat("x", 12<<20)))
+		req.Header.Set("X-API-Key", testKey)
+		resp, err := client.Do(req)
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusRequestEntityTooLarge {
+				t.Errorf("%d: 12 MiB: %d, want b's 413", i, resp.StatusCode)
+			}
+			// The rest of the body is on the connection: it must end.
+			if !resp.Close {
+				t.Errorf("%d: the answer to a body b did not read keeps the connection open", i)
+			}
+		}
+		req, _ = http.NewRequest("GET", asrv.URL+"/v1/sandboxes/sbremote/screenshot", nil)
+		req.Header.Set("X-API-Key", testKey)
+		resp, err = client.Do(req)
+		if err != nil {
+			t.Fatalf("%d: the next request: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "from b" {
+			t.Fatalf("%d: the next request: %d %q", i, resp.StatusCode, b)
+		}
 	}
 }
