@@ -12,9 +12,9 @@ SOAK_DURATION  ?= 30m
 CRASH_ROUNDS   ?= 50
 # make test's share of TestPauseResume's cycles per backend and of
 # TestCrashRestart's rounds; make e2e (and a plain go test) runs the
-# acceptance's 50 cycles and 12 rounds, make crash 50 rounds. At about 7 s
-# a cycle on gvisor and qemu, 50 took 12 of the suite's minutes, and CI has
-# 90 for all of it.
+# acceptance's 50 cycles and 12 rounds, make crash 50 rounds. At 6-9 s a
+# cycle on gvisor and qemu, 50 cycles took about 10 min more than 10 do,
+# and CI has 90 for all of it.
 TEST_PAUSE_CYCLES ?= 10
 TEST_CRASH_ROUNDS ?= 6
 
