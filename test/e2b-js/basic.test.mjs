@@ -581,7 +581,9 @@ describe('e2b SDK, fork', { timeout: 15 * 60 * 1000 }, () => {
     try {
       const parent = await Sandbox.connect(id, { timeoutMs: 10 * 60 * 1000 })
       await parent.commands.run('echo before-fork > /home/user/fork-file')
-      const bg = await parent.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/n.part; mv /tmp/n.part /tmp/n; sleep 0.2; done', { background: true })
+      // timeoutMs: 0, or envd ends the counter after the SDK's default 60 s,
+      // which a slow machine reaches before the snapshot below.
+      const bg = await parent.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/n.part; mv /tmp/n.part /tmp/n; sleep 0.2; done', { background: true, timeoutMs: 0 })
       await waitFor('the counter', async () => (await probe(parent, 'cat /tmp/n')).stdout.trim() !== '')
       const parentMachineID = (await parent.commands.run('cat /etc/machine-id')).stdout
 
