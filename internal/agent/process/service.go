@@ -176,7 +176,7 @@ func (s *Service) Start(ctx context.Context, req *connect.Request[pb.StartReques
 		return err
 	}
 	sub := newSubscriber()
-	p, err := s.spawn(req.Msg, acct, limit, sub)
+	p, err := s.spawn(ctx, req.Msg, acct, limit, sub)
 	if err != nil {
 		return err
 	}
@@ -230,9 +230,18 @@ func (s *Service) follow(ctx context.Context, p *proc, sub *subscriber, keepaliv
 	}
 }
 
+// forkTries bounds how long spawn retries a fork the kernel refused for
+// want of a process slot (EAGAIN: the sandbox's pids limit, or a user's
+// RLIMIT_NPROC), as shells do: a fork bomb's processes end and free slots
+// all the time, and a command run to clean up after one should get one.
+const (
+	forkTries     = 100
+	forkRetryWait = 100 * time.Millisecond
+)
+
 // spawn starts the process described by req as acct with sub already
 // subscribed, so not a byte of output is missed.
-func (s *Service) spawn(req *pb.StartRequest, acct *account.Account, limit time.Duration, sub *subscriber) (*proc, error) {
+func (s *Service) spawn(ctx context.Context, req *pb.StartRequest, acct *account.Account, limit time.Duration, sub *subscriber) (*proc, error) {
 	cfg := req.GetProcess()
 	if cfg.GetCmd() == "" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is empty"))
@@ -319,14 +328,24 @@ func (s *Service) spawn(req *pb.StartRequest, acct *account.Account, limit time.
 		sys.Setpgid = true
 	}
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: fds, Sys: sys}
-	pid, status, err := s.opts.Reaper.Spawn(func() (int, error) {
-		return syscall.ForkExec(path, argv, attr)
-	})
+	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+	pid, status, err := s.opts.Reaper.Spawn(fork)
+	for try := 1; errors.Is(err, syscall.EAGAIN) && try < forkTries && ctx.Err() == nil; try++ {
+		select {
+		case <-ctx.Done():
+		case <-time.After(forkRetryWait):
+			pid, status, err = s.opts.Reaper.Spawn(fork)
+		}
+	}
 	if err != nil {
 		p.closeAll()
 		code := connect.CodeInternal
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission) {
+		switch {
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrPermission):
 			code = connect.CodeInvalidArgument
+		case errors.Is(err, syscall.EAGAIN):
+			code = connect.CodeFailedPrecondition
+			err = fmt.Errorf("the sandbox is at its process limit (%w)", err)
 		}
 		return nil, connect.NewError(code, fmt.Errorf("start %s: %w", cfg.GetCmd(), err))
 	}

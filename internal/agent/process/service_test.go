@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/agent/reap"
 	"github.com/cubicle-dev/cubicle/internal/needs"
@@ -365,5 +366,60 @@ func TestSelectorErrors(t *testing.T) {
 	var ce *connect.Error
 	if !errors.As(err, &ce) {
 		t.Errorf("not a connect error: %v", err)
+	}
+}
+
+// TestForkRetry: a start the kernel refuses for want of a process slot
+// (here nobody's RLIMIT_NPROC of 0, which fails the exec with EAGAIN, as
+// a sandbox's full pids cgroup fails the fork) is tried again, runs once
+// a slot frees, and otherwise ends in a clear error.
+func TestForkRetry(t *testing.T) {
+	needs.Root(t)
+	c, _ := newTest(t)
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NPROC, &old); err != nil {
+		t.Fatal(err)
+	}
+	full := unix.Rlimit{Cur: 0, Max: old.Max}
+	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NPROC, &old) })
+	asNobody := map[string]string{"Authorization": "Basic " + base64.StdEncoding.EncodeToString([]byte("nobody:"))}
+	req := &pb.StartRequest{Process: cmd("/bin/echo", "started"), Stdin: no()}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The kernel refuses only a user over the limit: nobody must have a
+	// process already (the cleanup kills it).
+	sleeper := connect.NewRequest(&pb.StartRequest{Process: cmd("sleep", "60"), Stdin: no()})
+	sleeper.Header().Set("Authorization", asNobody["Authorization"])
+	st, err := c.Start(ctx, sleeper)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if !st.Receive() || st.Msg().GetEvent().GetStart() == nil {
+		t.Fatalf("nobody's sleep did not start: %v", st.Err())
+	}
+
+	// A slot frees after 0.5 s: the command runs.
+	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &full); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.AfterFunc(500*time.Millisecond, func() { _ = unix.Setrlimit(unix.RLIMIT_NPROC, &old) })
+	defer freed.Stop()
+	if r := start(ctx, t, c, req, asNobody); r.err != nil || r.stdout != "started\n" {
+		t.Fatalf("start while a slot freed: stdout %q, err %v; want it started", r.stdout, r.err)
+	}
+
+	// None frees: after the retries, a clear refusal.
+	if err := unix.Setrlimit(unix.RLIMIT_NPROC, &full); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	r := start(ctx, t, c, req, asNobody)
+	_ = unix.Setrlimit(unix.RLIMIT_NPROC, &old)
+	if connect.CodeOf(r.err) != connect.CodeFailedPrecondition || !strings.Contains(r.err.Error(), "process limit") {
+		t.Fatalf("start with no slot: %v; want failed_precondition naming the process limit", r.err)
+	}
+	if el := time.Since(t0); el < forkTries*forkRetryWait/2 {
+		t.Errorf("refused after %v: want the retries first (about %v)", el, forkTries*forkRetryWait)
 	}
 }

@@ -85,11 +85,23 @@ type Reaper struct {
 	mu      sync.Mutex
 	waiters map[int]chan Status
 
+	// waitAny is wait4(-1, WNOHANG); tests replace it.
+	waitAny func(*syscall.WaitStatus) (int, error)
+
 	sigs chan os.Signal
 	stop chan struct{}
 	done chan struct{}
 	once sync.Once
 }
+
+// reapBatch is how many children one hold of mu reaps at most. A fork
+// bomb's orphans can end as fast as the agent reaps them, so "until none
+// is left" may never come: a reap that held mu until then kept Spawn, and
+// so every exec in the sandbox, waiting for as long as the bomb ran (a CI
+// run's exec in a bombed runc sandbox waited 3 min). Between batches a
+// waiting Spawn gets mu: sync.Mutex hands it to a waiter that has waited
+// over a millisecond.
+const reapBatch = 64
 
 // Start makes this process a child subreaper (so orphans of its descendants
 // come back to it even when it is not PID 1) and starts the reaper goroutine.
@@ -106,6 +118,7 @@ func Start(mode Mode, log *slog.Logger) (*Reaper, error) {
 		mode:    mode,
 		log:     log,
 		waiters: make(map[int]chan Status),
+		waitAny: waitAny,
 		sigs:    make(chan os.Signal, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -142,7 +155,26 @@ func (r *Reaper) loop() {
 	}
 }
 
+// waitAny collects any one child that has ended, without blocking.
+func waitAny(ws *syscall.WaitStatus) (int, error) {
+	return syscall.Wait4(-1, ws, syscall.WNOHANG, nil)
+}
+
+// reap collects every child that has ended, in batches (reapBatch), until
+// none is left or the reaper is stopped.
 func (r *Reaper) reap() {
+	for !r.reapSome() {
+		select {
+		case <-r.stop:
+			return
+		default:
+		}
+	}
+}
+
+// reapSome reaps up to reapBatch children under mu. It reports whether
+// none that has ended is left.
+func (r *Reaper) reapSome() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.mode == Own {
@@ -158,16 +190,16 @@ func (r *Reaper) reap() {
 				delete(r.waiters, pid)
 			}
 		}
-		return
+		return true
 	}
-	for {
+	for range reapBatch {
 		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		pid, err := r.waitAny(&ws)
 		if errors.Is(err, syscall.EINTR) {
 			continue
 		}
 		if err != nil || pid <= 0 {
-			return
+			return true
 		}
 		if !ws.Exited() && !ws.Signaled() {
 			continue // stopped/continued; we did not ask for those
@@ -179,6 +211,7 @@ func (r *Reaper) reap() {
 			r.log.Debug("reaped orphan", "pid", pid, "status", Status{Pid: pid, Wait: ws}.String())
 		}
 	}
+	return false
 }
 
 // Spawn runs fork, which must start exactly one child and return its pid,

@@ -1,9 +1,11 @@
 package reap
 
 import (
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -109,4 +111,47 @@ func children(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// TestSpawnDuringOrphanStorm: children that end as fast as they are
+// reaped (a fork bomb's orphans, here a fake wait4 that never runs out)
+// must not keep Spawn, and so every exec, waiting, nor Stop.
+func TestSpawnDuringOrphanStorm(t *testing.T) {
+	var storm atomic.Bool
+	storm.Store(true)
+	t.Cleanup(func() { storm.Store(false) })
+	var next atomic.Int64
+	next.Store(1 << 22) // above any pid Spawn is given below
+	r := &Reaper{mode: All, log: slog.New(slog.DiscardHandler), waiters: make(map[int]chan Status), stop: make(chan struct{}),
+		waitAny: func(ws *syscall.WaitStatus) (int, error) {
+			if !storm.Load() {
+				return 0, nil
+			}
+			*ws = 0 // exit status 0
+			return int(next.Add(1)), nil
+		}}
+	reaped := make(chan struct{})
+	go func() { r.reap(); close(reaped) }()
+	for next.Load() < 1<<22+1000 { // the storm is under way
+		time.Sleep(time.Millisecond)
+	}
+	spawned := make(chan error, 1)
+	go func() {
+		_, _, err := r.Spawn(func() (int, error) { return 42, nil })
+		spawned <- err
+	}()
+	select {
+	case err := <-spawned:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Spawn still waits for the reaper after 5 s of orphans")
+	}
+	close(r.stop)
+	select {
+	case <-reaped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reaper did not stop during the storm")
+	}
 }
