@@ -101,7 +101,7 @@ func testRecording(t *testing.T, backend string) {
 	if _, err := c.DownloadRecording(ctx, rec.ID); !client.IsConflict(err) {
 		t.Errorf("download while recording: %v, want a conflict", err)
 	}
-	pid := oneFFmpeg(t, dataDir)[0]
+	pid := oneFFmpeg(t, dataDir)
 	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err != nil || !strings.Contains(string(st), "\nUid:\t65534\t") {
 		// It decodes what the sandbox drew: not as root.
 		t.Errorf("ffmpeg %d runs as %v: want nobody (65534)", pid, err)
@@ -198,7 +198,7 @@ func stillScreen(t *testing.T, c *client.Client, d *harness.Daemon, dataDir, id 
 	}
 	dBase, bBase := measure(base, func() {})
 	var rec client.Recording
-	var ff []int
+	var ff int
 	dRec, bRec := measure(still, func() {
 		var err error
 		if rec, err = c.StartRecording(ctx, id, client.RecordingOptions{}); err != nil {
@@ -207,7 +207,7 @@ func stillScreen(t *testing.T, c *client.Client, d *harness.Daemon, dataDir, id 
 		ff = oneFFmpeg(t, dataDir)
 	})
 	// ffmpeg's own CPU, read before the stop makes it write the file.
-	ffCPU := procCPU(t, ff[0]) / still.Seconds()
+	ffCPU := procCPU(t, ff) / still.Seconds()
 	rec, err := c.StopRecording(ctx, id, rec.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -280,14 +280,14 @@ func ffmpegs(t *testing.T, dataDir string) []int {
 // oneFFmpeg waits for the recording's ffmpeg: a started recording's
 // encoder is a shell until it has set ffmpeg's memory cap and exec'd it,
 // which a loaded machine may not have done by the time the start returns
-// (CI saw none). It fails t unless exactly one shows, and returns it.
-func oneFFmpeg(t *testing.T, dataDir string) []int {
+// (CI saw none). It fails t unless exactly one shows, and returns its pid.
+func oneFFmpeg(t *testing.T, dataDir string) int {
 	t.Helper()
 	var ff []int
 	if !eventually(10*time.Second, func() bool { ff = ffmpegs(t, dataDir); return len(ff) >= 1 }) || len(ff) != 1 {
 		t.Fatalf("ffmpeg processes %v, want one", ff)
 	}
-	return ff
+	return ff[0]
 }
 
 // download saves recording rid's file in the test's directory.
