@@ -1,6 +1,8 @@
 # cubicle — build, test and run. Everything here works on a fresh Debian 12
 # machine as root: missing packages are installed by scripts/deps.sh.
 
+# bash: recipes use pipefail, so that go test's status survives its pipe.
+SHELL     := /bin/bash
 GO        ?= go
 BIN       := bin
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -18,10 +20,28 @@ CRASH_ROUNDS   ?= 50
 # 10).
 TEST_PAUSE_CYCLES ?= 5
 TEST_CRASH_ROUNDS ?= 6
+# Tools the lint runs, installed once per version into TOOLS_DIR (not
+# rebuilt by `go run` on every run).
+STATICCHECK_VERSION := v0.8.2
+TOOLS_DIR ?= $(HOME)/.cache/cubicle/tools
+STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+# The test packages that start sandboxes, VMs or image builds, or change
+# the host's network (netpool, drivertest): run one at
+# a time, alone on the machine, so that a 2-core host does not turn their
+# timing into flakes. Every other package runs side by side (go test's
+# default -p, the number of cores).
+SANDBOX_PKGS := ./test/e2e ./test/security ./internal/driver/oci ./internal/driver/qemu ./internal/driver/drivertest \
+	./internal/driver/firecracker ./internal/image ./internal/netpool ./examples/anthropic ./examples/openai
+ART := $(CURDIR)/test-artifacts
+# What the tests run: the binaries `make build` made for this commit
+# (test/harness takes them from CUBICLE_TEST_BIN instead of linking its
+# own in every test process).
+TEST_ENV := CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) CUBICLE_E2E_PAUSE_CYCLES=$(TEST_PAUSE_CYCLES) \
+	CUBICLE_CRASH_ROUNDS=$(TEST_CRASH_ROUNDS)
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images bench-cluster lint proto clean fuzz-ci
+.PHONY: all build deps image run test unit unit-light unit-sandbox e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images bench-cluster lint proto clean fuzz-ci
 
 all: build
 
@@ -32,6 +52,7 @@ build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/cubicled ./cmd/cubicled
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/cubicle ./cmd/cubicle
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/cubicle-agent ./cmd/cubicle-agent
+	$(GO) build -o $(BIN)/testreport ./test/testreport
 
 # image builds (or finds cached) the desktop image.
 image: build
@@ -43,25 +64,37 @@ run: deps image
 
 # test is the full suite: lint, unit (with the dependency check,
 # test/depcheck), agent-on-Xvfb integration, end-to-end on the real image
-# with gvisor and runc, and short fuzz runs.
-test: deps image lint unit fuzz-ci
+# with gvisor, runc and qemu, and short fuzz runs. scripts/test.sh runs
+# each step timed and writes test-artifacts/summary.md (the steps, every
+# package's time, the slowest tests) whether the run passed or not; go
+# test's events are kept in test-artifacts/go-test-*.json.
+test:
+	./scripts/test.sh
 
-unit:
-	$(GO) vet ./...
-	# -p 1: the end-to-end packages start desktops and VMs; run one package
-	# at a time so that a 2-core machine does not turn timing into flakes.
-	rm -rf test-artifacts/liveview
-	# The end-to-end package alone took 73 min with 50 pause cycles on a
-	# quiet 2-core machine; 80m keeps a slow one from panicking at the
-	# package timeout.
-	CUBICLE_E2E_PAUSE_CYCLES=$(TEST_PAUSE_CYCLES) CUBICLE_CRASH_ROUNDS=$(TEST_CRASH_ROUNDS) $(GO) test -p 1 -count=1 -timeout 80m ./...
-	@echo "live-view browser test screenshots (artifacts):"; ls -1 $(CURDIR)/test-artifacts/liveview/*.png 2>/dev/null || echo "  (none: the browser test did not run)"
+# unit runs every test package once, those that start no sandbox side by
+# side first, then the others one at a time (SANDBOX_PKGS).
+unit: unit-light unit-sandbox
+
+unit-light: build
+	mkdir -p $(ART)
+	set -o pipefail; $(TEST_ENV) $(GO) test -json -count=1 -timeout 20m \
+		$$($(GO) list ./... | grep -v -x -F $(foreach p,$(SANDBOX_PKGS),-e $(patsubst ./%,github.com/cubicle-dev/cubicle/%,$(p)))) \
+		| $(BIN)/testreport stream -json $(ART)/go-test-light.json
+
+# The end-to-end package alone took 62 min on a 2-core machine (80m keeps
+# a slow one from panicking at the package timeout).
+unit-sandbox: build
+	mkdir -p $(ART)
+	rm -rf $(ART)/liveview
+	set -o pipefail; $(TEST_ENV) $(GO) test -json -p 1 -count=1 -timeout 80m $(SANDBOX_PKGS) \
+		| $(BIN)/testreport stream -json $(ART)/go-test-sandbox.json
+	@echo "live-view browser test screenshots (artifacts):"; ls -1 $(ART)/liveview/*.png 2>/dev/null || echo "  (none: the browser test did not run)"
 
 # e2e runs the whole end-to-end suite; BACKEND=firecracker (on a KVM host)
 # or BACKEND=qemu runs every test of it on that backend instead of
 # gvisor+runc (and, for firecracker, the driver's real-VM tests).
 e2e: deps image
-	BACKEND=$(BACKEND) CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -p 1 -count=1 -timeout 90m -v ./test/e2e/... \
+	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) BACKEND=$(BACKEND) CUBICLE_E2E_BACKEND=$(BACKEND) $(GO) test -p 1 -count=1 -timeout 90m -v ./test/e2e/... \
 		$(if $(filter firecracker,$(BACKEND)),./internal/driver/firecracker/...)
 
 # security is the security suite on its own (make test runs it too): every
@@ -70,8 +103,8 @@ e2e: deps image
 # metadata address inside a network namespace the test makes
 # (test/e2e TestNetwork).
 security: deps image
-	$(GO) test -count=1 -timeout 30m -v ./test/security/
-	$(GO) test -count=1 -timeout 30m -run '^TestNetwork$$' -v ./test/e2e/
+	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -v ./test/security/
+	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -run '^TestNetwork$$' -v ./test/e2e/
 
 # soak runs SOAK_SANDBOXES desktops for SOAK_DURATION under injected faults
 # (test/soak), then audits the host; the report goes to
@@ -79,13 +112,13 @@ security: deps image
 # test: it takes half an hour.
 soak: deps image
 	mkdir -p test-artifacts
-	$(GO) run ./test/soak -sandboxes $(SOAK_SANDBOXES) -duration $(SOAK_DURATION) -out test-artifacts/soak.md -benchmarks BENCHMARKS.md
+	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) run ./test/soak -sandboxes $(SOAK_SANDBOXES) -duration $(SOAK_DURATION) -out test-artifacts/soak.md -benchmarks BENCHMARKS.md
 
 # crash kills cubicled at random points of creates and destroys 50 times
 # (test/e2e TestCrashRestart; make test runs 6 rounds) and writes the
 # outcome to its section of BENCHMARKS.md.
 crash: deps image
-	CUBICLE_CRASH_ROUNDS=$(CRASH_ROUNDS) CUBICLE_CRASH_BENCHMARKS=$(CURDIR)/BENCHMARKS.md $(GO) test -count=1 -timeout 60m -run '^TestCrashRestart$$' -v ./test/e2e/
+	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) CUBICLE_CRASH_ROUNDS=$(CRASH_ROUNDS) CUBICLE_CRASH_BENCHMARKS=$(CURDIR)/BENCHMARKS.md $(GO) test -count=1 -timeout 60m -run '^TestCrashRestart$$' -v ./test/e2e/
 
 # fuzz runs the targets in two shards side by side, one worker each, so
 # that each target's fixed cost (its instrumented build, the corpus's
@@ -152,11 +185,15 @@ bench-images: deps image
 bench-cluster: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-cluster
 
-lint:
+lint: $(STATICCHECK)
 	gofmt -l . | (! grep .)
 	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(STATICCHECK) ./...
 	shellcheck deploy/*.sh scripts/*.sh .ci/run
+
+$(STATICCHECK):
+	mkdir -p $(@D)
+	GOBIN=$(@D) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # proto regenerates the committed agent-protocol code in proto/ with
 # Debian's protoc and the Go plugins at the versions go.mod pins.

@@ -1,0 +1,157 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+func streamMain(args []string) error {
+	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
+	jsonOut := fs.String("json", "", "file to copy the event stream to")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var raw io.Writer = io.Discard
+	if *jsonOut != "" {
+		f, err := os.Create(*jsonOut)
+		if err != nil {
+			return fmt.Errorf("record: %w", err)
+		}
+		defer f.Close()
+		raw = f
+	}
+	res, err := stream(os.Stdin, raw, os.Stdout)
+	if err != nil {
+		return err
+	}
+	if res.failed > 0 || res.pkgFailed > 0 {
+		return errors.New("tests failed")
+	}
+	return nil
+}
+
+// result counts what a stream held.
+type result struct {
+	passed, failed, skipped int // tests and subtests
+	pkgFailed               int // packages that failed, builds included
+}
+
+// stream copies events from in to raw and prints the readable log to out.
+// A top-level test's output, its subtests' included, is held until it
+// ends and printed only when it failed or skipped: a passing end-to-end
+// test logs hundreds of lines that only matter when something broke.
+func stream(in io.Reader, raw, out io.Writer) (result, error) {
+	var res result
+	type key struct{ pkg, test string }
+	held := map[key]*strings.Builder{}
+	var order []key // tests in the order they started, for an unended stream
+	pkgOut := map[string]*strings.Builder{}
+	d := newDecoder(in)
+	for {
+		e, line, ok := d.next()
+		if !ok {
+			break
+		}
+		if _, err := io.WriteString(raw, line+"\n"); err != nil {
+			return res, fmt.Errorf("record: %w", err)
+		}
+		switch {
+		case e.Action == "build-output":
+			fmt.Fprint(out, e.Output)
+		case e.Action == "build-fail":
+			res.pkgFailed++
+			fmt.Fprintf(out, "FAIL\t%s [build failed]\n", e.ImportPath)
+		case e.Package == "" && e.Test == "":
+			fmt.Fprint(out, e.Output) // not an event: go test's own words
+		case e.Test == "":
+			if e.Action == "pass" || e.Action == "fail" {
+				// Tests of the package that never ended: its test
+				// binary exited or was killed in the middle of them.
+				for _, k := range order {
+					if b, ok := held[k]; ok && k.pkg == e.Package {
+						res.failed++
+						fmt.Fprintf(out, "%s--- NO END: %s (the test binary ended during it)\n", b.String(), k.test)
+						delete(held, k)
+					}
+				}
+			}
+			b := pkgOut[e.Package]
+			if b == nil {
+				b = &strings.Builder{}
+				pkgOut[e.Package] = b
+			}
+			switch e.Action {
+			case "output":
+				b.WriteString(e.Output)
+			case "pass":
+				fmt.Fprintf(out, "ok  \t%s\t%.3fs\n", e.Package, e.Elapsed)
+				delete(pkgOut, e.Package)
+			case "skip": // no test files
+				delete(pkgOut, e.Package)
+			case "fail":
+				res.pkgFailed++
+				fmt.Fprint(out, b.String())
+				if e.FailedBuild != "" {
+					fmt.Fprintf(out, "FAIL\t%s [build of %s failed]\n", e.Package, e.FailedBuild)
+				} else if !strings.Contains(b.String(), "FAIL\t"+e.Package) {
+					fmt.Fprintf(out, "FAIL\t%s\t%.3fs\n", e.Package, e.Elapsed)
+				}
+				delete(pkgOut, e.Package)
+			}
+		default:
+			top := e.Test
+			if i := strings.IndexByte(top, '/'); i >= 0 {
+				top = top[:i]
+			}
+			k := key{e.Package, top}
+			b := held[k]
+			if b == nil {
+				b = &strings.Builder{}
+				held[k] = b
+				order = append(order, k)
+			}
+			switch e.Action {
+			case "output":
+				b.WriteString(e.Output)
+			case "pass":
+				res.passed++
+			case "fail":
+				res.failed++
+			case "skip":
+				res.skipped++
+			}
+			if !topLevel(e.Test) {
+				continue
+			}
+			switch e.Action {
+			case "pass":
+				fmt.Fprintf(out, "--- PASS: %s (%.2fs) %s\n", e.Test, e.Elapsed, e.Package)
+				delete(held, k)
+			case "fail", "skip":
+				fmt.Fprint(out, b.String())
+				delete(held, k)
+			}
+		}
+	}
+	if err := d.err(); err != nil {
+		return res, fmt.Errorf("read: %w", err)
+	}
+	// Tests that started and never ended: go test was killed, or a test
+	// binary died in a way test2json could not attribute.
+	for _, k := range order {
+		if b, ok := held[k]; ok {
+			res.failed++
+			fmt.Fprintf(out, "%s--- NO END: %s %s (the stream ended during it)\n", b.String(), k.test, k.pkg)
+		}
+	}
+	for pkg, b := range pkgOut {
+		res.pkgFailed++
+		fmt.Fprintf(out, "%sFAIL\t%s [no end]\n", b.String(), pkg)
+	}
+	fmt.Fprintf(out, "%d passed, %d failed, %d skipped\n", res.passed, res.failed, res.skipped)
+	return res, nil
+}

@@ -1,0 +1,22 @@
+package sample
+
+import (
+	"os"
+	"testing"
+)
+
+func TestPasses(t *testing.T) { t.Log("quiet when it passes") }
+
+func TestFails(t *testing.T) {
+	t.Run("ok", func(t *testing.T) {})
+	t.Run("broken", func(t *testing.T) { t.Error("the pixel was black") })
+}
+
+func TestSkips(t *testing.T) { t.Skip("needs a thing") }
+
+// TestDies ends the test binary without a result when SAMPLE_DIE is set.
+func TestDies(t *testing.T) {
+	if os.Getenv("SAMPLE_DIE") == "1" {
+		os.Exit(3)
+	}
+}
