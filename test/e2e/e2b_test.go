@@ -124,7 +124,9 @@ func testE2BSDK(t *testing.T, jsDir, backend string) {
 	}
 	// Suite files are run one at a time: each one starts a desktop.
 	// CUBICLE_E2B_JS_ARGS narrows a run by hand to files or tests:
-	// "--test-name-pattern=watch basic.test.mjs".
+	// "--test-name-pattern=watch basic.test.mjs". CUBICLE_E2E_FORKS
+	// (forkCount) reaches the suite's fork test with the rest of this
+	// process's environment.
 	args := []string{"--test", "--test-reporter=spec", "--test-concurrency=1"}
 	args = append(args, strings.Fields(os.Getenv("CUBICLE_E2B_JS_ARGS"))...)
 	out, err := runLogged(t, 25*time.Minute, jsDir, env, "node", args...)
