@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -60,8 +62,67 @@ func importUserImage(t *testing.T, name string) {
 	}
 }
 
+// rootfsCacheDir keeps each user image's tarred rootfs under the hash of
+// what goes into it, as image builds keep theirs by recipe hash: the
+// debootstrap and apt-get install of byo-xfce took about 2 minutes of every
+// test run, while the import, which is what these tests are about, runs
+// every time from the tar as a user's `docker export` pipes it.
+var rootfsCacheDir = filepath.Join(cimage.DefaultCacheDir, "e2e-rootfs")
+
+// rootfsKey is the hash of a user image's inputs: the suite and variant,
+// the packages and the page it carries. A change to any of them builds a
+// new rootfs.
+func rootfsKey(packages []string, page []byte) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "bookworm minbase v1\n%s\n", strings.Join(packages, " "))
+	h.Write(page)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
 func buildAndImport(t *testing.T, name string, packages []string) error {
 	t0 := time.Now()
+	page, err := os.ReadFile("testdata/page.html")
+	if err != nil {
+		return err
+	}
+	tarPath := filepath.Join(rootfsCacheDir, name+"-"+rootfsKey(packages, page)+".tar")
+	built := "cached"
+	if _, err := os.Stat(tarPath); err != nil {
+		if err := buildRootfs(name, packages, page, tarPath); err != nil {
+			return err
+		}
+		built = "built in " + time.Since(t0).Round(time.Second).String()
+	}
+	t1 := time.Now()
+	// docker export $(docker create IMAGE) | cubicle image import NAME
+	bin, err := harness.Build()
+	if err != nil {
+		return err
+	}
+	tarFile, err := os.Open(tarPath)
+	if err != nil {
+		return err
+	}
+	defer tarFile.Close()
+	imp := exec.Command(filepath.Join(bin, "cubicle"), "image", "import", name, "--image-dir", imageDir()) //depcheck:built
+	imp.Stdin = tarFile
+	var out bytes.Buffer
+	imp.Stdout, imp.Stderr = &out, &out
+	if err := imp.Run(); err != nil {
+		return fmt.Errorf("cubicle image import < %s: %v\n%s", tarPath, err, out.String())
+	}
+	t.Logf("image %s: rootfs %s (%s), imported in %s: %s", name, built,
+		strings.Join(packages, " "), time.Since(t1).Round(time.Second), strings.TrimSpace(out.String()))
+	return nil
+}
+
+// buildRootfs makes the rootfs of a user image as a Dockerfile would and
+// tars it, as `docker export` tars a container, to tarPath; older tars of
+// the same image are removed.
+func buildRootfs(name string, packages []string, page []byte, tarPath string) error {
+	if err := os.MkdirAll(filepath.Dir(tarPath), 0o755); err != nil {
+		return err
+	}
 	root, err := os.MkdirTemp("/var/tmp", "cubicle-"+name+"-")
 	if err != nil {
 		return err
@@ -74,7 +135,7 @@ func buildAndImport(t *testing.T, name string, packages []string) error {
 	run := func(timeout time.Duration, name string, args ...string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, name, args...) //depcheck:runs debootstrap unshare sh mount chroot umount
+		cmd := exec.CommandContext(ctx, name, args...) //depcheck:runs debootstrap unshare sh mount chroot umount tar
 		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive", "HOME=/root"}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -106,47 +167,27 @@ umount "$1/var/cache/apt/archives" "$1/proc"
 		}
 	}
 	// COPY page.html /srv/page.html: the page the tests click.
-	page, err := os.ReadFile("testdata/page.html")
-	if err != nil {
-		return err
-	}
 	if err := os.MkdirAll(filepath.Join(root, "srv"), 0o755); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(root, "srv", "page.html"), page, 0o644); err != nil {
 		return err
 	}
-	built := time.Since(t0)
-	// docker export $(docker create IMAGE) | cubicle image import NAME
-	bin, err := harness.Build()
-	if err != nil {
+	tmp := tarPath + ".tmp"
+	if err := run(10*time.Minute, "tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", tmp, "."); err != nil {
+		os.Remove(tmp)
 		return err
 	}
-	pr, pw := io.Pipe()
-	tarCmd := exec.Command("tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", "-", ".")
-	tarCmd.Stdout = pw
-	var tarErr bytes.Buffer
-	tarCmd.Stderr = &tarErr
-	imp := exec.Command(filepath.Join(bin, "cubicle"), "image", "import", name, "--image-dir", imageDir()) //depcheck:built
-	imp.Stdin = pr
-	var out bytes.Buffer
-	imp.Stdout, imp.Stderr = &out, &out
-	if err := tarCmd.Start(); err != nil {
+	if err := os.Rename(tmp, tarPath); err != nil {
+		os.Remove(tmp)
 		return err
 	}
-	if err := imp.Start(); err != nil {
-		tarCmd.Process.Kill()
-		tarCmd.Wait()
-		return err
+	old, _ := filepath.Glob(filepath.Join(filepath.Dir(tarPath), name+"-*.tar"))
+	for _, o := range old {
+		if o != tarPath {
+			os.Remove(o)
+		}
 	}
-	terr := tarCmd.Wait()
-	pw.CloseWithError(terr)
-	ierr := imp.Wait()
-	if terr != nil || ierr != nil {
-		return fmt.Errorf("tar | cubicle image import: %v %v\n%s%s", terr, ierr, tarErr.String(), out.String())
-	}
-	t.Logf("image %s: built in %s (%s), imported in %s: %s", name, built.Round(time.Second),
-		strings.Join(packages, " "), (time.Since(t0) - built).Round(time.Second), strings.TrimSpace(out.String()))
 	return nil
 }
 
