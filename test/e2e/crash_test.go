@@ -28,17 +28,21 @@ import (
 // create, a destroy, a pause or a resume (the last two where the backend
 // pauses), again and again (CUBICLE_CRASH_ROUNDS times, default 12;
 // `make crash` runs 50), restarts it, and checks that every sandbox the
-// round made is either running and usable (a command runs, a screenshot
-// is a PNG of its size), paused and resumable (then usable), or stopped
-// with nothing of it left:
+// round made is in a state that a kill during its operation may leave
+// (crashOutcomes: what a user may lose) and no other: running and usable
+// (a command runs, a screenshot is a PNG of its size), paused and
+// resumable (then usable), or ended with nothing of it left:
 // no process, mount, file, network namespace, veth, nft rule or address.
 // None may be half-made; and after each round, whatever its outcome, the
 // host holds nothing it did not hold before the round (a create killed
 // before its record was written leaves an unknown ID: the check compares
-// the host with a snapshot). Sandboxes have networking (an allow-list, so
-// that each has rules of its own), so the whole of a create is exposed;
-// it runs in a network namespace the test made, on gvisor or the backends
-// CUBICLE_E2E_BACKEND names.
+// the host with a snapshot). The rounds take the kinds in turn, so that
+// as many rounds as there are kinds (4 where the backend pauses, else 2;
+// fewer are raised to that) kill once during each, and the kills of one
+// kind fall in successive slices of its operation (killPoint). Sandboxes
+// have networking (an allow-list, so that each has rules of its own), so
+// the whole of a create is exposed; it runs in a network namespace the
+// test made, on gvisor or the backends CUBICLE_E2E_BACKEND names.
 func TestCrashRestart(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -180,6 +184,10 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 	if pauseTook > 0 {
 		kinds = append(kinds, "pause", "resume")
 	}
+	if rounds < len(kinds) {
+		t.Logf("%d rounds would not kill during each of %v: running %d", rounds, kinds, len(kinds))
+		rounds = len(kinds)
+	}
 
 	restart := func() {
 		t.Helper()
@@ -192,7 +200,11 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 	}
 	outcome := map[string]int{}
 	for round := range rounds {
-		kind := kinds[round%len(kinds)]
+		// The kinds in turn: this round's kill is number nth (from 0)
+		// of the of kills during its kind.
+		k := round % len(kinds)
+		kind := kinds[k]
+		nth, of := round/len(kinds), (rounds-k+len(kinds)-1)/len(kinds)
 		duringCreate := kind == "create"
 		// What the host holds before the round: after it, once the
 		// round's sandbox (if any) is gone, nothing may have been added,
@@ -201,9 +213,9 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 		free := metricValue(t, d, "cubicle_netpool_free")
 		var at time.Duration
 		// killDuring kills cubicled at a random point of op, which takes
-		// about took undisturbed.
+		// about took undisturbed, in the nth slice of it.
 		killDuring := func(took time.Duration, op func()) {
-			at = time.Duration(rand.Int64N(int64(took) * 11 / 10))
+			at = killPoint(nth, of, took)
 			done := make(chan struct{})
 			go func() { defer close(done); op() }()
 			time.Sleep(at)
@@ -237,7 +249,7 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 			t.Fatalf("round %d: list: %v", round, err)
 		}
 		if !duringCreate && len(sbs) != 1 {
-			t.Fatalf("round %d: %d sandboxes listed after a kill during destroy, want the one", round, len(sbs))
+			t.Fatalf("round %d: %d sandboxes listed after a kill during %s, want the one", round, len(sbs), kind)
 		}
 		if len(sbs) > 1 {
 			t.Fatalf("round %d: %d sandboxes from one create", round, len(sbs))
@@ -253,11 +265,23 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 		sb := settled(t, c, sbs[0])
 		t.Logf("round %d: kill %v into %s of %s: %s %s", round, at.Round(time.Millisecond), kind, sb.ID, sb.State, sb.Error)
 		outcome[kind+": "+sb.State]++
+		if !slices.Contains(crashOutcomes[kind], sb.State) {
+			t.Errorf("round %d: %s is %s (%q) after a kill %v into a %s; a kill then may leave it only %s",
+				round, sb.ID, sb.State, sb.Error, at.Round(time.Millisecond), kind, strings.Join(crashOutcomes[kind], " or "))
+		}
 		switch sb.State {
 		case "paused":
 			// Paused and resumable, as it was.
 			if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
-				t.Fatalf("round %d: resume %s after the restart: %v", round, sb.ID, err)
+				// The restarted daemon may be finishing the resume
+				// the kill cut short, and got there first.
+				got, gerr := c.Get(ctx, sb.ID)
+				if gerr == nil {
+					got = settled(t, c, got)
+				}
+				if !client.IsConflict(err) || gerr != nil || got.State != client.StateRunning {
+					t.Fatalf("round %d: resume %s after the restart: %v (then %s, %v)", round, sb.ID, err, got.State, gerr)
+				}
 			}
 			fallthrough
 		case "running":
@@ -266,7 +290,12 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 			if err := c.Destroy(ctx, sb.ID); err != nil {
 				t.Fatalf("round %d: destroy %s: %v", round, sb.ID, err)
 			}
-		case "stopped", "failed":
+		case "failed":
+			// A create the kill cut short: the restart says so.
+			if kind == "create" && !strings.Contains(sb.Error, "cubicled stopped while the sandbox was starting") {
+				t.Errorf("round %d: failed create %s says %q, want the restart as its reason", round, sb.ID, sb.Error)
+			}
+		case "stopped":
 		default:
 			t.Errorf("round %d: %s is %s after the restart: half-made", round, sb.ID, sb.State)
 			continue
@@ -282,7 +311,7 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 	t.Logf("outcomes of %d kills: %v", rounds, outcome)
 	if path := os.Getenv("CUBICLE_CRASH_BENCHMARKS"); path != "" && !t.Failed() {
 		var b strings.Builder
-		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (uniform over 110 %% of an undisturbed create, %v, destroy, %v, pause, %v, or resume, %v) of creates, destroys, pauses and resumes of %s desktops with networking, restarted each time. After each restart every sandbox of the round was running and usable (a command ran, a screenshot decoded), paused and then resumed and usable, or gone without a trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0 (target: none; met).\n\n| kill during | outcome | n |\n|---|---|---|\n",
+		fmt.Fprintf(&b, "## Crash restarts (make crash)\n\ncubicled killed -9 %d times at random points (spread over 110 %% of an undisturbed create, %v, destroy, %v, pause, %v, or resume, %v) of creates, destroys, pauses and resumes of %s desktops with networking, restarted each time. After each restart every sandbox of the round was as a kill during its operation may leave it, and no worse: a create's never made, failed with the restart as its reason, or running and usable (a command ran, a screenshot decoded); a destroy's running and usable, or stopped; a pause's or a resume's running and usable, or paused and then resumed and usable, never stopped or failed. What ended left no trace (no process, mount, file, loop device, network namespace, veth, nft rule or address; for a create killed before its record was written, nothing new on the host at all). Half-made: 0 (target: none; met).\n\n| kill during | outcome | n |\n|---|---|---|\n",
 			rounds, createTook.Round(time.Millisecond), destroyTook.Round(time.Millisecond), pauseTook.Round(time.Millisecond), resumeTook.Round(time.Millisecond), backend)
 		for _, k := range slices.Sorted(maps.Keys(outcome)) {
 			during, state, _ := strings.Cut(k, ": ")
@@ -314,25 +343,52 @@ func testCrashRestart(t *testing.T, backend, bridge, cidr string, etcd []string)
 	}
 }
 
-// canPause reports whether sandboxes of backend can pause on the daemon.
+// canPause reports whether sandboxes of backend can pause, as
+// harness.Expected says: a daemon that says otherwise fails t.
 func canPause(t *testing.T, c *client.Client, backend string) bool {
 	t.Helper()
-	info, err := c.Info(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, b := range info.Backends {
-		if b.Name == backend {
-			return b.Capabilities.Pause
-		}
-	}
-	return false
+	return backendCaps(t, c, backend).Pause
+}
+
+// crashOutcomes are the states a kill -9 of cubicled during each kind of
+// operation may leave its sandbox in after the restart, from the
+// recovery paths (Manager.recover, the drivers' Settle and Resume): what
+// a user may lose, and nothing more.
+//
+//   - create: the create. No record was written yet ("never made"), or
+//     the record was still starting and the restart failed it, freeing
+//     everything, with that as its reason; or the create had finished
+//     and the sandbox runs. Never stopped: nothing ends a sandbox made.
+//   - destroy: only what was asked. Stopped, or running when the kill
+//     came before the destroy began. Never failed.
+//   - pause: nothing. Running (the pause had not got far enough: the box
+//     runs on, its agent listening again; README: "a pause it cut short
+//     leaves the sandbox running") or paused (the checkpoint was written
+//     first), then resumable as it was. Never stopped or failed.
+//   - resume: nothing. Running (the restarted daemon finishes the resume
+//     the kill cut short) or paused (the kill came before the resume
+//     began), then resumable. Never stopped or failed.
+var crashOutcomes = map[string][]string{
+	"create":  {"never made", "failed", "running"},
+	"destroy": {"running", "stopped"},
+	"pause":   {"running", "paused"},
+	"resume":  {"running", "paused"},
+}
+
+// killPoint is when to kill cubicled, after an operation that takes
+// about took undisturbed began, for the nth of n kills during it: a
+// random point of the nth of n equal slices of 110 % of took (the kill
+// may come just after it ends, too). So any n, 2 included, kills both
+// early (in the first steps of the operation) and late.
+func killPoint(nth, n int, took time.Duration) time.Duration {
+	span := int64(took) * 11 / 10 / int64(max(n, 1))
+	return time.Duration(int64(nth)*span + rand.Int64N(max(span, 1)))
 }
 
 // settled waits until sb is in no passing state: a resume the restart
 // cut short is finished by the restarted daemon, in the background.
 // pausing is never seen after a restart (a pause the kill cut short
-// leaves the sandbox running).
+// leaves the sandbox running, or paused when it had got far enough).
 func settled(t *testing.T, c *client.Client, sb client.Sandbox) client.Sandbox {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)

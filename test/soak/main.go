@@ -21,14 +21,19 @@
 // It scores what a user would call a problem (score.go): every create that
 // fails and every failed request on a running sandbox is one, unless a
 // fault aimed at that create or sandbox was in effect at the time and the
-// error is the one it causes (no answer while cubicled is down, 503 "data
-// directory is full" on a full disk, capacity_exhausted for want of an
-// address on an empty pool, anything on a sandbox whose runtime was killed
-// or, for -recovery, whose desktop was killed inside). Clients that go
-// away or are slow must not be felt by the others at all. So is a loop
-// slower than -min-rate screenshot+click per second while it has a
-// sandbox (default 1 Hz, an agent loop's need), a sandbox lost without a
-// kill of its runtime, one stuck starting, and anything the final audit
+// error is the one it causes (no answer while cubicled is down and 503
+// unavailable as it comes back, 503 "data directory is full" on a full
+// disk, capacity_exhausted for want of an address on an empty pool, the
+// answers of a sandbox that ended (409, 404, 503) on one whose runtime
+// was killed, 503 "restarting" for -recovery on one whose desktop was
+// killed inside); no fault explains a 500. Clients that go away or are
+// slow must not be felt by the others at all. So is a loop slower than
+// -min-rate screenshot+click per second while it has a sandbox (default
+// 1 Hz, an agent loop's need), a sandbox lost to anything but a kill -9 of
+// its own runtime (a full disk or a kill of cubicled during its pause
+// included: it must run on, or stay paused), one stuck starting, a
+// backend whose capabilities in GET /v1/info differ from what it must
+// have (harness.Expected: gvisor pauses), and anything the final audit
 // finds left.
 //
 // It reports, in Markdown: faults injected by kind, sandboxes made, the
@@ -113,7 +118,7 @@ func run() error {
 		out        = flag.String("out", "", "also write the report to this file")
 		benchmarks = flag.String("benchmarks", "", "also write the report as the soak section of this file (BENCHMARKS.md)")
 		minRate    = flag.Float64("min-rate", 1, "screenshot+click per second the slowest loop must keep while it has a sandbox (the 1 Hz an agent loop needs); below it the run fails")
-		recovery   = flag.Duration("recovery", time.Minute, "how long a desktop may take to come back after its processes were killed inside the sandbox; errors on it after that are problems")
+		recovery   = flag.Duration("recovery", time.Minute, "how long a desktop may take to come back after its processes were killed inside the sandbox: its 503 \"restarting\" answers are forgiven that long, and every other error on it is a problem")
 		pauses     = flag.Bool("pause", true, "loops pause and resume their sandboxes now and then, and a fault kills a sandbox's runtime during a pause (where the backend can pause)")
 	)
 	flag.Parse()
@@ -160,14 +165,26 @@ func run() error {
 		loopInUse:   map[int]time.Duration{},
 	}
 	if *pauses {
+		// Whether the backend pauses is the table's to say, not the
+		// daemon's: a difference is a problem, and the loops pause
+		// only where both say yes.
 		info, err := s.c.Info(context.Background())
 		if err != nil {
 			return err
 		}
+		listed := false
 		for _, b := range info.Backends {
 			if b.Name == *backend {
-				s.pauses = b.Capabilities.Pause
+				listed = true
+				for _, bad := range harness.CheckCapabilities(*backend, b.Capabilities) {
+					s.problem("GET /v1/info: %s", bad)
+				}
+				want, _ := harness.Expected(*backend)
+				s.pauses = want.Pause && b.Capabilities.Pause
 			}
+		}
+		if !listed {
+			s.problem("GET /v1/info lists no backend %s", *backend)
 		}
 	}
 	start := time.Now()
@@ -329,9 +346,6 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			if ctx.Err() != nil {
 				return
 			}
-			// A pause's own explanation first: it also records a
-			// sandbox lost to the fault (another fault aimed at the
-			// sandbox may explain the error, but not the loss).
 			why := ""
 			if pausing {
 				why = s.faults.explainPause(id, tick, time.Now(), err)
@@ -341,8 +355,6 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			}
 			if why != "" {
 				s.add("errors explained: "+why, 1)
-			} else {
-				s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
 			}
 			if pausing && why == faultDaemonKill {
 				// The daemon died while it paused or resumed the
@@ -350,8 +362,21 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 				// it): as an agent whose daemon restarted, resume it.
 				s.resumeIfPaused(ctx, id)
 			}
-			if !noAnswer(err) && s.gone(worker, id, err) {
-				return
+			if noAnswer(err) {
+				// The daemon is down: the next request tells more.
+				if why == "" {
+					s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
+				}
+			} else {
+				// A sandbox that ended is one problem, whatever its
+				// requests answered meanwhile.
+				ended := s.gone(worker, id, err)
+				if why == "" && !ended {
+					s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
+				}
+				if ended {
+					return
+				}
 			}
 		} else {
 			s.add("actions", 1)
@@ -367,9 +392,10 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 // resumeIfPaused waits, once cubicled answers again, until sandbox id is
 // running (within a minute): a kill of cubicled while it paused or
 // resumed the sandbox leaves it paused (the pause had saved it; it is
-// resumed here, as an agent would), resuming (the restarted daemon
-// finishes the resume itself) or gone (the checkpoint died with the
-// daemon and took the sandbox: lost to the fault).
+// resumed here, as an agent would) or resuming (the restarted daemon
+// finishes the resume itself). A sandbox that ended instead is lost,
+// which no kill of cubicled explains: the loop's next failed request
+// finds it (gone) and counts the problem.
 func (s *soak) resumeIfPaused(ctx context.Context, id string) {
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -391,17 +417,17 @@ func (s *soak) resumeIfPaused(ctx context.Context, id string) {
 			sleep(rctx, time.Second)
 		case "pausing", "resuming":
 			sleep(rctx, 500*time.Millisecond)
-		case "stopping", "stopped", "failed":
-			s.faults.lose(id, faultKillPausing)
-			return
 		default:
 			return
 		}
 	}
 }
 
-// gone decides whether the sandbox of a failed request has ended: killed
-// by a fault (move on), ended by itself (a problem), or still running.
+// gone decides whether the sandbox of a failed request has ended, and
+// counts a problem if it has, unless a kill -9 of its own runtime ended
+// it (move on): a full disk, a kill of cubicled or of its desktop must
+// leave it running (or paused). It returns false while it runs or the
+// daemon does not answer.
 func (s *soak) gone(worker int, id string, err error) bool {
 	gctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -422,10 +448,10 @@ func (s *soak) gone(worker int, id string, err error) bool {
 	case sb.State == "running":
 		return false
 	case s.faults.killed(id):
-		s.add("sandboxes lost to a fault", 1)
+		s.add("sandboxes lost to a kill -9 of their runtime", 1)
 		return true
 	default:
-		s.problem("worker %d: sandbox %s is %s though no fault hit it (%v; %s)", worker, id, sb.State, err, sb.Error)
+		s.problem("worker %d: sandbox %s is %s, not running, and no kill -9 of its own runtime explains it (%v; %s)", worker, id, sb.State, err, sb.Error)
 		return true
 	}
 }

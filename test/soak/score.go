@@ -15,9 +15,16 @@ import (
 // and every failed request on a running sandbox is a problem unless a
 // fault explains it: a fault aimed at that sandbox (or, for daemon-wide
 // faults, at every one) was in effect while the request ran, and the error
-// is what that fault causes. Faults that must not be felt by anyone else
-// (a client that goes away mid-exec or mid-upload, slow clients) explain
-// nothing.
+// is the one that fault causes. No fault causes a 500: that is the daemon
+// failing, whatever went on around it. Faults that must not be felt by
+// anyone else (a client that goes away mid-exec or mid-upload, slow
+// clients) explain nothing.
+//
+// A sandbox that ends is lost to its user. Only one fault ends a sandbox
+// by definition: a kill -9 of its own runtime. A sandbox that ends under
+// any other fault (a full data dir while it paused, a kill of cubicled
+// while it paused, its desktop killed inside) is a problem: the product
+// must leave it running (or paused, when its pause got far enough).
 
 // Fault kinds that explain errors.
 const (
@@ -26,16 +33,6 @@ const (
 	faultKillInside  = "agent's processes killed inside the sandbox"
 	faultDiskFull    = "data dir full"
 	faultPoolEmpty   = "address pool exhausted"
-	// faultLostPausing is no fault of its own: a sandbox whose pause met
-	// the full data dir and ended (runsc ends a sandbox whose checkpoint
-	// fails; cubicled refuses a pause on a full disk, but the disk can
-	// fill while the checkpoint runs).
-	faultLostPausing = "data dir full during a pause"
-	// faultKillPausing is no fault of its own either: a sandbox that a
-	// kill of cubicled cut in its pause and that did not survive (runsc's
-	// checkpoint, the daemon's child, died with it and took the sandbox;
-	// the crash test allows "gone without a trace").
-	faultKillPausing = "kill -9 of cubicled during a pause"
 )
 
 // afterRestart is how long after cubicled answers again the requests that
@@ -85,7 +82,7 @@ func (f *faultLog) overlapping(id string, t0, t1 time.Time) []window {
 			continue
 		}
 		end := w.end
-		if lostTo(w.kind) {
+		if w.kind == faultRuntimeKill {
 			end = time.Time{} // a killed sandbox stays dead
 		}
 		if w.start.After(t1) || (!end.IsZero() && end.Before(t0)) {
@@ -109,12 +106,19 @@ func status(err error) int {
 	return 0
 }
 
+// daemonDown reports err as what a kill of cubicled causes: no answer
+// (the connection refused or cut) while it is down, or 503 unavailable
+// while it comes back (an agent's connection being dialled again).
+func daemonDown(err error) bool {
+	return noAnswer(err) || status(err) == http.StatusServiceUnavailable && client.ErrorCode(err) == "unavailable"
+}
+
 // explainCreate says which fault explains a create that failed with err
 // after running from t0 to t1, or "" when none does.
 func (f *faultLog) explainCreate(t0, t1 time.Time, err error) string {
 	for _, w := range f.overlapping("", t0, t1) {
 		switch {
-		case w.kind == faultDaemonKill && (noAnswer(err) || client.ErrorCode(err) == "unavailable"):
+		case w.kind == faultDaemonKill && daemonDown(err):
 			return w.kind
 		case w.kind == faultDiskFull && status(err) == http.StatusServiceUnavailable &&
 			client.ErrorCode(err) == "unavailable" && strings.Contains(err.Error(), "data directory is full"):
@@ -126,16 +130,39 @@ func (f *faultLog) explainCreate(t0, t1 time.Time, err error) string {
 	return ""
 }
 
+// sandboxEnded reports err as an answer about a sandbox that has ended
+// or is ending under the request: 409 (it stopped while the request ran,
+// it is not running), 404, or 503 unavailable (its agent went away).
+func sandboxEnded(err error) bool {
+	switch status(err) {
+	case http.StatusConflict, http.StatusNotFound:
+		return true
+	case http.StatusServiceUnavailable:
+		return client.ErrorCode(err) == "unavailable"
+	}
+	return false
+}
+
+// desktopRestarting reports err as the answer of an agent whose desktop
+// is coming back: 503 unavailable (the desktop is restarting, the X
+// display is not up).
+func desktopRestarting(err error) bool {
+	return status(err) == http.StatusServiceUnavailable && client.ErrorCode(err) == "unavailable"
+}
+
 // explainRequest says which fault explains a request on sandbox id that
 // failed with err after running from t0 to t1, or "" when none does.
 func (f *faultLog) explainRequest(id string, t0, t1 time.Time, err error) string {
 	for _, w := range f.overlapping(id, t0, t1) {
 		switch {
-		case w.kind == faultDaemonKill && (noAnswer(err) || client.ErrorCode(err) == "unavailable"):
+		case w.kind == faultDaemonKill && daemonDown(err):
 			return w.kind
-		case lostTo(w.kind), w.kind == faultKillInside:
-			// Aimed at this sandbox: whatever it answers while it dies
-			// or while its desktop comes back.
+		case w.kind == faultRuntimeKill && w.target == id && sandboxEnded(err):
+			// Its runtime was killed: it answers as a sandbox that ended.
+			return w.kind
+		case w.kind == faultKillInside && w.target == id && desktopRestarting(err):
+			// Its desktop was killed: it answers "restarting" until the
+			// desktop is back, within the recovery time.
 			return w.kind
 		}
 	}
@@ -145,51 +172,34 @@ func (f *faultLog) explainRequest(id string, t0, t1 time.Time, err error) string
 // explainPause says which fault explains a pause or resume of sandbox
 // id that failed with err after running from t0 to t1, beyond what
 // explainRequest explains, or "". A full data dir explains a pause
-// refused for want of room, and one that met the full disk midway; the
-// sandbox that ended of the latter is marked lost to it (killed). A kill
-// of cubicled explains the sandbox being found paused, pausing or
-// resuming by the restarted daemon.
+// refused for want of room (503 "data directory is full"), and one that
+// met the disk filling midway and failed ("no space left on device"):
+// the sandbox must run on, and if it ended, that is a problem of its
+// own (killed does not explain it). A kill of cubicled explains the
+// sandbox being found paused, pausing or resuming by the restarted
+// daemon.
 func (f *faultLog) explainPause(id string, t0, t1 time.Time, err error) string {
 	for _, w := range f.overlapping(id, t0, t1) {
 		msg := err.Error()
-		if w.kind == faultDaemonKill && client.IsConflict(err) &&
-			(strings.Contains(msg, "is paused, not running") || strings.Contains(msg, "is pausing") || strings.Contains(msg, "is resuming")) {
-			return w.kind
-		}
-		if w.kind != faultDiskFull {
-			continue
-		}
 		switch {
-		case status(err) == http.StatusServiceUnavailable && strings.Contains(msg, "data directory is full"):
+		case w.kind == faultDaemonKill && client.IsConflict(err) &&
+			(strings.Contains(msg, "is paused, not running") || strings.Contains(msg, "is pausing") || strings.Contains(msg, "is resuming")):
 			return w.kind
-		case strings.Contains(msg, "no space left on device"), client.IsConflict(err) && strings.Contains(msg, "stopped while the request ran"):
-			f.lose(id, faultLostPausing)
-			return faultLostPausing
+		case w.kind == faultDiskFull && status(err) == http.StatusServiceUnavailable &&
+			(strings.Contains(msg, "data directory is full") || strings.Contains(msg, "no space left on device")):
+			return w.kind
 		}
 	}
 	return ""
 }
 
-// lostTo reports whether a sandbox a window of kind is aimed at is lost
-// for good.
-func lostTo(kind string) bool {
-	return kind == faultRuntimeKill || kind == faultLostPausing || kind == faultKillPausing
-}
-
-// lose records sandbox id as lost to kind, a fault's outcome (killed).
-func (f *faultLog) lose(id, kind string) {
-	now := time.Now()
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.windows = append(f.windows, &window{kind: kind, target: id, start: now, end: now})
-}
-
-// killed reports whether a fault killed sandbox id's runtime.
+// killed reports whether a kill -9 of sandbox id's own runtime hit it:
+// the one fault that explains the sandbox ending.
 func (f *faultLog) killed(id string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, w := range f.windows {
-		if lostTo(w.kind) && w.target == id {
+		if w.kind == faultRuntimeKill && w.target == id {
 			return true
 		}
 	}

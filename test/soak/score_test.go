@@ -22,6 +22,9 @@ var (
 	errStartFail  = apiErr(503, "unavailable", "create sandbox: desktop not ready in time")
 	errInternal   = apiErr(500, "internal", "internal error")
 	errRestarting = apiErr(503, "unavailable", "the desktop is restarting")
+	errAgentGone  = apiErr(503, "unavailable", "the sandbox's agent went away during the request; retry")
+	errEnded      = apiErr(409, "conflict", "sandbox killed stopped while the request ran (it is stopped)")
+	errTimeout    = apiErr(504, "timeout", "the sandbox did not answer in time")
 )
 
 func TestExplain(t *testing.T) {
@@ -70,9 +73,24 @@ func TestExplain(t *testing.T) {
 		{"request on its desktop being killed", false, "inside", 430, 431, errRestarting, faultKillInside},
 		{"request on its desktop, after the recovery time", false, "inside", 470, 471, errRestarting, ""},
 		{"request on another sandbox while one's desktop is killed", false, "other", 430, 431, errRestarting, ""},
-		{"request on a killed sandbox", false, "killed", 900, 901, errInternal, faultRuntimeKill},
-		{"request on a sandbox before its kill", false, "killed", 490, 491, errInternal, ""},
+		{"request on a killed sandbox, ended", false, "killed", 900, 901, errEnded, faultRuntimeKill},
+		{"request on a killed sandbox, its agent gone", false, "killed", 500, 501, errAgentGone, faultRuntimeKill},
+		{"request on a sandbox before its kill", false, "killed", 490, 491, errEnded, ""},
+		// A fault forgives the errors it causes, never a 500: that is
+		// the daemon failing, whatever the sandbox went through.
+		{"a 500 on a killed sandbox", false, "killed", 900, 901, errInternal, ""},
+		{"a 500 on a sandbox whose desktop is killed", false, "inside", 430, 431, errInternal, ""},
+		{"a timeout on a sandbox whose desktop is killed", false, "inside", 430, 431, errTimeout, ""},
+		{"no answer on a sandbox whose desktop is killed", false, "inside", 430, 431, errNoAnswer, ""},
+		{"a 500 while the daemon restarts", false, "any", 105, 106, apiErr(500, "internal", "internal error"), ""},
+		{"a 500 just after the daemon came back", false, "any", 111, 112, errInternal, ""},
 		{"request on the sandbox of a client gone mid-exec", false, "victim", 600, 601, errInternal, ""},
+	}
+	// Only the kill of its own runtime explains a sandbox's end.
+	for id, want := range map[string]bool{"killed": true, "inside": false, "victim": false, "any": false} {
+		if got := f.killed(id); got != want {
+			t.Errorf("killed(%s) = %v, want %v", id, got, want)
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,9 +129,11 @@ func TestRateProblem(t *testing.T) {
 }
 
 // TestExplainPause: a full data dir explains a pause refused for want of
-// room, and one that met the disk filling midway, whose sandbox is then
-// marked lost to it; outside the window, or failing otherwise, nothing
-// does.
+// room, and one that met the disk filling midway and failed (the sandbox
+// runs on); it never explains the sandbox ending: only a kill -9 of its
+// own runtime may end a sandbox, so one that a full disk (or anything
+// else) ended is a problem, and so is every later error on it. Outside
+// the window, or failing otherwise, nothing explains a pause's error.
 func TestExplainPause(t *testing.T) {
 	t0 := time.Now()
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
@@ -130,16 +150,17 @@ func TestExplainPause(t *testing.T) {
 		from, to int
 		err      error
 		want     string
-		lost     bool
+		lost     bool // killed(id): a loss of the sandbox is explained
 	}{
 		{"refused on a full disk", "a", 199, 201, noRoom, faultDiskFull, false},
 		{"refused for room, the disk not full", "b", 250, 251, noRoom, "", false},
-		{"ended by the disk filling midway", "c", 205, 209, ended, faultLostPausing, true},
-		{"failed for the disk filling midway", "d", 209, 212, failed, faultLostPausing, true},
+		{"ended by the disk filling midway", "c", 205, 209, ended, "", false},
+		{"failed for the disk filling midway", "d", 209, 212, failed, faultDiskFull, false},
 		{"ended with no full disk", "e", 300, 301, ended, "", false},
 		{"failed otherwise on a full disk", "f", 201, 202, errInternal, "", false},
 		{"found paused after a kill of cubicled", "g", 405, 406, foundPaused, faultDaemonKill, false},
 		{"found paused, no kill", "h", 500, 501, foundPaused, "", false},
+		{"ended after a kill of cubicled", "i", 405, 406, ended, "", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := f.explainPause(tt.id, at(tt.from), at(tt.to), tt.err); got != tt.want {
@@ -150,4 +171,11 @@ func TestExplainPause(t *testing.T) {
 			}
 		})
 	}
+	// The sandbox the full disk ended stays a problem: what it answers
+	// afterwards is no fault's.
+	t.Run("request on the sandbox a full disk ended, later", func(t *testing.T) {
+		if got := f.explainRequest("c", at(300), at(301), ended); got != "" {
+			t.Errorf("explainRequest = %q, want none", got)
+		}
+	})
 }
