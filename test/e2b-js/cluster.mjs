@@ -2,10 +2,12 @@
 // pointed at one node only (E2B_API_URL and E2B_SANDBOX_URL are node a;
 // CUBICLE_TLS_ADDR is a's TLS listener for https://*.E2B_DOMAIN): run by
 // test/e2e TestClusterE2BSDK, not by the single-host suite (the file name
-// does not end in .test.mjs). Nine creates through a are placed on all
+// does not end in .test.mjs). Nine creates through a (or as many as
+// CUBICLE_E2E_CLUSTER_SANDBOXES says, at least three) are placed on all
 // three nodes; each sandbox is driven through a — screenshot, a click,
 // a command, files, the live view — the native API says which node holds
-// it, and E2B's Sandbox.list through a lists all nine.
+// it, and E2B's Sandbox.list through a lists them all, over more than
+// one page.
 
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
@@ -17,6 +19,9 @@ import { Sandbox } from 'e2b'
 import { env, fetchVia, pngSize, websocketVia } from './lib.mjs'
 
 const run = randomBytes(6).toString('hex')
+const count = Number(process.env.CUBICLE_E2E_CLUSTER_SANDBOXES || 9)
+// Four to a page for nine, two for fewer: always more than one page.
+const pageLimit = Math.max(2, Math.floor((count - 1) / 2))
 
 describe('e2b SDKs through one node of a cluster', { timeout: 12 * 60 * 1000 }, () => {
   const made = []
@@ -25,10 +30,11 @@ describe('e2b SDKs through one node of a cluster', { timeout: 12 * 60 * 1000 }, 
     for (const s of made) await Sandbox.kill(s.sandboxId).catch(() => {})
   })
 
-  it('nine creates through node a, each driven through a', async () => {
+  it(`${count} creates through node a, each driven through a`, async () => {
+    assert.ok(Number.isInteger(count) && count >= 3, `CUBICLE_E2E_CLUSTER_SANDBOXES=${count}: want at least 3, one for each node`)
     // Three at a time, as agents starting together would.
-    for (let i = 0; i < 9; i += 3) {
-      made.push(...await Promise.all([0, 1, 2].map(() =>
+    for (let i = 0; i < count; i += 3) {
+      made.push(...await Promise.all(Array.from({ length: Math.min(3, count - i) }, () =>
         Desktop.create('base', { metadata: { run }, timeoutMs: 10 * 60 * 1000 }))))
     }
     // Driven three at a time: each waits mostly on its own desktop.
@@ -73,13 +79,20 @@ describe('e2b SDKs through one node of a cluster', { timeout: 12 * 60 * 1000 }, 
       nodes.push(...await Promise.all(made.slice(i, i + 3).map((d, j) => drive(d, i + j))))
     }
     console.log(`CLUSTER_NODES ${nodes.join(' ')}`)
-    assert.deepEqual([...new Set(nodes)].sort(), ['a', 'b', 'c'], `nine creates went to ${nodes}`)
+    assert.deepEqual([...new Set(nodes)].sort(), ['a', 'b', 'c'], `${count} creates went to ${nodes}`)
 
-    // E2B's list through a spans the nodes, four to a page.
+    // E2B's list through a spans the nodes, a page at a time.
     const listed = []
-    const pages = Sandbox.list({ limit: 4, query: { metadata: { run } } })
-    while (pages.hasNext) listed.push(...await pages.nextItems())
+    let nonEmpty = 0
+    const pages = Sandbox.list({ limit: pageLimit, query: { metadata: { run } } })
+    while (pages.hasNext) {
+      const page = await pages.nextItems()
+      assert.ok(page.length <= pageLimit, `a page of ${page.length}, over the limit of ${pageLimit}`)
+      if (page.length > 0) nonEmpty++
+      listed.push(...page)
+    }
+    assert.ok(nonEmpty >= 2, `Sandbox.list of ${count} with limit ${pageLimit} came in ${nonEmpty} page(s)`)
     assert.deepEqual(listed.map((s) => s.sandboxId).sort(), made.map((d) => d.sandboxId).sort(),
-      'Sandbox.list through a, a page at a time')
+      `Sandbox.list through a, ${pageLimit} to a page`)
   })
 })

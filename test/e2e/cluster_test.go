@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +32,71 @@ import (
 // clusterLease is the nodes' --lease-ttl in these tests: short, so that a
 // dead node's sandboxes turn lost within seconds.
 const clusterLease = 4 * time.Second
+
+// clusterSandboxesEnv is how many sandboxes TestCluster and
+// TestClusterE2BSDK start with, and TestClusterRollingUpgrade drives two
+// thirds of (at least 3): the acceptance's 9 unless set. Each is a
+// desktop's boot, 10-20 s of CPU. make test sets 3, one a node: the
+// creates through a still have to use every node, the E2B list still
+// pages (2 to a page), the drain still pauses what a holds, and every
+// other check is the same.
+const clusterSandboxesEnv = "CUBICLE_E2E_CLUSTER_SANDBOXES"
+
+// clusterSandboxes is clusterSandboxesEnv's count: at least one a node.
+func clusterSandboxes(t *testing.T) int {
+	t.Helper()
+	s := os.Getenv(clusterSandboxesEnv)
+	if s == "" {
+		return 9
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 3 {
+		t.Fatalf("%s=%q: want a count of at least 3, one for each node", clusterSandboxesEnv, s)
+	}
+	return n
+}
+
+// createAll makes k gvisor sandboxes through c at once, as agents
+// starting together would: a boot leaves CPU to another's, and each
+// create placed but not yet counted in its node's record counts there,
+// so that they spread over the nodes.
+func createAll(t *testing.T, c *client.Client, k int, what string) []client.Sandbox {
+	t.Helper()
+	sbs := make([]client.Sandbox, k)
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sbs[i], errs[i] = c.Create(context.Background(), client.CreateRequest{Backend: "gvisor"})
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("create %d of %d %s: %v", i+1, k, what, err)
+		}
+	}
+	return sbs
+}
+
+// spreadOver counts sbs by node and fails the test unless every one of
+// names holds at least one.
+func spreadOver(t *testing.T, sbs []client.Sandbox, names ...string) map[string]int {
+	t.Helper()
+	perNode := map[string]int{}
+	for _, sb := range sbs {
+		perNode[sb.Node]++
+	}
+	t.Logf("%d creates through a went %v", len(sbs), perNode)
+	for _, n := range names {
+		if perNode[n] == 0 {
+			t.Fatalf("%d creates went %v; want every node of %v used", len(sbs), perNode, names)
+		}
+	}
+	return perNode
+}
 
 // testCluster is three cubicled nodes (own data dirs and ports) on a
 // three-member etcd, with one API key.
@@ -86,6 +152,9 @@ func startClusterNet(t *testing.T, netns bool, extra func(name string) []string,
 			ip("-n", ns, "link", "set", "lo", "up")
 		}
 	}
+	// Room for a third of the sandboxes a test starts with and the
+	// creates TestCluster adds on one node: 6 up to 9 sandboxes.
+	maxSandboxes := max(6, (clusterSandboxes(t)+2)/3+3)
 	tc := &testCluster{t: t, etcd: etcdtest.StartOn(t, 3, etcdHost), nodes: map[string]*harness.Daemon{}, dirs: map[string]string{},
 		key: "e2b_" + hex.EncodeToString(raw)} // E2B's key format: the E2B SDK test uses it too
 	for _, name := range names {
@@ -97,7 +166,7 @@ func startClusterNet(t *testing.T, netns bool, extra func(name string) []string,
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		args := []string{
 			"--cluster-etcd", strings.Join(tc.etcd.Endpoints(), ","), "--node-name", name,
-			"--lease-ttl", clusterLease.String(), "--max-sandboxes", "6",
+			"--lease-ttl", clusterLease.String(), "--max-sandboxes", strconv.Itoa(maxSandboxes),
 		}
 		if extra != nil {
 			args = append(args, extra(name)...)
@@ -158,15 +227,17 @@ func (tc *testCluster) health(name string) string {
 
 // TestCluster is issue 15's acceptance on this machine: three nodes, each
 // in a network namespace of its own, on a three-member etcd, behind node
-// a's URL. The Go SDK, pointed at a only,
-// creates 9 sandboxes, which spread over all three nodes, and drives
-// each through a (screenshot, click, command, files, live view). Node b
-// is killed -9: its sandboxes turn lost within the lease, creates go to
-// a and c, and once b is back they are running again. A drained node takes
-// no new sandbox. One etcd member
-// stopped changes nothing; two stopped leave every node serving its own
-// sandboxes and saying it is degraded; restored, the catalog converges.
-// Nothing is left on the host.
+// a's URL. The Go SDK, pointed at a only, creates 9 sandboxes
+// (CUBICLE_E2E_CLUSTER_SANDBOXES), which spread over all three nodes, and
+// drives each through a (screenshot, click, command, files, live view);
+// MCP's tools and CDP reach the other nodes' sandboxes through a, and a
+// volume stays on its node but is used through the others. A drained
+// node takes no new sandbox, and one drained with pause pauses its own,
+// resumed through another node. Node b is killed -9: its sandboxes turn
+// lost within the lease, creates go to a and c, and once b is back they
+// are running again. One etcd member stopped changes nothing; two
+// stopped leave every node serving its own sandboxes and saying it is
+// degraded; restored, the catalog converges. Nothing is left on the host.
 func TestCluster(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -175,40 +246,22 @@ func TestCluster(t *testing.T) {
 	ctx := context.Background()
 	a := tc.client("a")
 
-	// 9 creates through a, at once.
-	sbs := make([]client.Sandbox, 9)
-	var wg sync.WaitGroup
-	errs := make([]error, 9)
-	for i := range sbs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sbs[i], errs[i] = a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
-		}()
-	}
-	wg.Wait()
-	perNode := map[string]int{}
-	for i, sb := range sbs {
-		if errs[i] != nil {
-			t.Fatalf("create %d through a: %v", i, errs[i])
-		}
-		perNode[sb.Node]++
-	}
-	t.Logf("9 creates through a went %v", perNode)
-	if len(perNode) != 3 || perNode["a"] == 0 || perNode["b"] == 0 || perNode["c"] == 0 {
-		t.Fatalf("9 creates went %v; want every node used", perNode)
-	}
+	n := clusterSandboxes(t)
+	sbs := createAll(t, a, n, "through a")
+	spreadOver(t, sbs, "a", "b", "c")
 
 	// Each is driven through a, and answers from its own node.
 	for _, sb := range sbs {
 		driveThrough(t, tc, "a", sb)
 	}
 	list, err := a.List(ctx, client.ListOptions{})
-	if err != nil || len(list) != 9 {
-		t.Fatalf("list through a: %d sandboxes, %v; want 9", len(list), err)
+	if err != nil || len(list) != n {
+		t.Fatalf("list through a: %d sandboxes, %v; want %d", len(list), err, n)
 	}
-	// MCP's tools and CDP reach the other nodes' sandboxes through a too.
-	agentProtocolsThrough(t, tc, "a", sbs)
+	// MCP's tools reach the other nodes' sandboxes through a too; a
+	// volume of b's is used through a, by a sandbox on b that CDP then
+	// reaches through a.
+	mcpThrough(t, tc, "a", sbs)
 	heldThrough(t, tc)
 
 	// Drained (the operator's file in its data dir), a takes no new
@@ -221,11 +274,7 @@ func TestCluster(t *testing.T) {
 		info, err := a.Info(ctx)
 		return err == nil && info.Cluster != nil && info.Cluster.Draining
 	})
-	for range 2 {
-		sb, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
-		if err != nil {
-			t.Fatalf("create through draining a: %v", err)
-		}
+	for _, sb := range createAll(t, a, 2, "through draining a") {
 		if sb.Node == "a" {
 			t.Fatal("a draining node took a new sandbox")
 		}
@@ -300,11 +349,7 @@ func TestCluster(t *testing.T) {
 		t.Errorf("exec in a lost sandbox: %v, want a conflict", err)
 	}
 	// Creates go to a and c.
-	for range 2 {
-		sb, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
-		if err != nil {
-			t.Fatalf("create with b dead: %v", err)
-		}
+	for _, sb := range createAll(t, a, 2, "with b dead") {
 		if sb.Node == "b" || sb.Node == "" {
 			t.Fatalf("created on %q with b dead", sb.Node)
 		}
@@ -332,13 +377,16 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
-	// One etcd member down: nothing changes.
+	// One etcd member down: nothing changes, for as long as a change
+	// would take to show (unchangedAfterMemberStop says how long, and
+	// why).
 	tc.etcd.Stop(0)
-	time.Sleep(3 * time.Second)
-	for name := range tc.nodes {
-		if h := tc.health(name); h != "ok" {
-			t.Errorf("node %s says %q with 2 of 3 etcd members", name, h)
-		}
+	stopped := time.Now()
+	up := []string{tc.etcd.Members[1].ClientURL, tc.etcd.Members[2].ClientURL}
+	if err := unchangedAfterMemberStop(ctx, up, []string{"a", "b", "c"}, clusterLease, tc.health); err != nil {
+		t.Error(err)
+	} else {
+		t.Logf("one etcd member stopped: every node healthy and renewing its lease through the others for %v", time.Since(stopped).Round(100*time.Millisecond))
 	}
 	sb, err = a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
 	if err != nil {
@@ -472,7 +520,9 @@ func driveThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) 
 // heldThrough checks that a volume, which stays on the node that made
 // it, is listed, read and used through another node: made through b, it
 // is listed and read through a, and a create through a that names it is
-// made on b, where a command writes to it. (gvisor cannot snapshot, so
+// made on b, where a command writes to it. That sandbox also has
+// DevTools on: being on b, it is the one CDP reaches through a
+// (cdpThrough), a boot saved. (gvisor cannot snapshot, so
 // snapshots across nodes are TestClusterItems' and TestClusterProxy's,
 // against a fake node.)
 func heldThrough(t *testing.T, tc *testCluster) {
@@ -489,7 +539,10 @@ func heldThrough(t *testing.T, tc *testCluster) {
 	if v, err := a.GetVolume(ctx, "held"); err != nil || v.Name != "held" {
 		t.Fatalf("b's volume read through a: %+v, %v", v, err)
 	}
-	withVol, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor", Volumes: []client.VolumeMount{{Name: "held", Path: "/mnt/held"}}})
+	// DevTools is off unless a create asks (and such a sandbox cannot
+	// pause on gvisor, which the drain does: this one is gone by then).
+	withVol, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor", Env: map[string]string{"CUBICLE_DEVTOOLS": "1"},
+		Volumes: []client.VolumeMount{{Name: "held", Path: "/mnt/held"}}})
 	if err != nil || withVol.Node != "b" {
 		t.Fatalf("create naming b's volume through a: node %q, %v; want b", withVol.Node, err)
 	}
@@ -497,6 +550,7 @@ func heldThrough(t *testing.T, tc *testCluster) {
 	if err != nil || res.Stdout != "kept\n" {
 		t.Fatalf("write to the volume through a: %+v, %v", res, err)
 	}
+	cdpThrough(t, tc, "a", withVol)
 	if err := a.Destroy(ctx, withVol.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -509,14 +563,11 @@ func heldThrough(t *testing.T, tc *testCluster) {
 	}
 }
 
-// agentProtocolsThrough drives, through node via, one sandbox of each
-// other node by MCP (a command whose output is checked, a screenshot of
-// the screen's size), and a sandbox with DevTools on another node by CDP
-// (the browser's version over the DevTools WebSocket that json/version
-// names, which must be via's own address).
-func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []client.Sandbox) {
+// mcpThrough drives, through node via, one sandbox of each other node
+// by MCP: a command whose output is checked, a screenshot of the
+// screen's size.
+func mcpThrough(t *testing.T, tc *testCluster, via string, sbs []client.Sandbox) {
 	t.Helper()
-	ctx := context.Background()
 	d := tc.nodes[via]
 	cs := mcpHTTP(t, d)
 	done := map[string]bool{via: true}
@@ -537,25 +588,17 @@ func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []clie
 	if len(done) != len(tc.nodes) {
 		t.Errorf("MCP reached the sandboxes of %d nodes, want %d", len(done), len(tc.nodes))
 	}
+}
 
-	// DevTools is off unless a create asks (and such a sandbox cannot
-	// pause on gvisor, which the drain below does): creates through via
-	// until one lands on another node.
-	c := tc.client(via)
-	var sb client.Sandbox
-	for try := 0; ; try++ {
-		if try == 5 {
-			t.Fatalf("5 creates through %s all stayed on %s", via, via)
-		}
-		got, err := c.Create(ctx, client.CreateRequest{Backend: "gvisor", Env: map[string]string{"CUBICLE_DEVTOOLS": "1"}})
-		if err != nil {
-			t.Fatalf("create with DevTools through %s: %v", via, err)
-		}
-		defer c.Destroy(ctx, got.ID)
-		if got.Node != via {
-			sb = got
-			break
-		}
+// cdpThrough drives sb, a sandbox with DevTools on another node than
+// via, by CDP through via: the browser's version over the DevTools
+// WebSocket that json/version names, which must be via's own address.
+func cdpThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) {
+	t.Helper()
+	ctx := context.Background()
+	d := tc.nodes[via]
+	if sb.Node == via {
+		t.Fatalf("CDP through %s to %s, which is on %s itself", via, sb.ID, via)
 	}
 
 	// Chromium opens DevTools some seconds after the desktop is ready
@@ -603,13 +646,14 @@ func agentProtocolsThrough(t *testing.T, tc *testCluster, via string, sbs []clie
 }
 
 // TestClusterE2BSDK runs the unmodified e2b and @e2b/desktop SDKs against
-// a three-node cluster, configured with node a's URL only: 9 creates are
-// placed across the nodes, and E2B's control and data planes reach each
-// sandbox through a — the desktop's screenshot, a click, a command, files,
-// and the live view (stream.start, noVNC's page and its WebSocket over
-// a's TLS listener, host-routed to the sandbox's node) — and E2B's
-// Sandbox.list through a, a page at a time, lists all 9
-// (test/e2b-js/cluster.mjs).
+// a three-node cluster, configured with node a's URL only: 9 creates
+// (CUBICLE_E2E_CLUSTER_SANDBOXES) are placed across the nodes, and E2B's
+// control and data planes reach each sandbox through a — the desktop's
+// screenshot, a click, a command, files, and the live view (stream.start,
+// noVNC's page and its WebSocket over a's TLS listener, host-routed to
+// the sandbox's node) — and E2B's Sandbox.list through a, a page at a
+// time (4 to a page, 2 below 9 sandboxes: always more than one page),
+// lists them all (test/e2b-js/cluster.mjs).
 func TestClusterE2BSDK(t *testing.T) {
 	needs.Command(t, "node", "npm")
 	nodeForSDK(t)
@@ -634,6 +678,7 @@ func TestClusterE2BSDK(t *testing.T) {
 		"E2B_API_KEY=" + tc.key,
 		"NODE_EXTRA_CA_CERTS=" + caFile,
 		"CUBICLE_TLS_ADDR=" + tlsAddr,
+		clusterSandboxesEnv + "=" + strconv.Itoa(clusterSandboxes(t)),
 		"NO_COLOR=1",
 	}
 	out, err := runLogged(t, 12*time.Minute, jsDir, env, "node", "--test", "--test-reporter=spec", "cluster.mjs")
@@ -654,12 +699,18 @@ func TestClusterE2BSDK(t *testing.T) {
 
 // TestClusterRollingUpgrade upgrades the three nodes one at a time
 // (SIGTERM, then the daemon again on its data dir from binaries stamped
-// with another version, which the other nodes must then show) while six
-// agent loops drive six sandboxes spread over them: each step a screenshot,
-// a click and a command whose output is checked. A loop whose node is
-// down moves to the next node's URL, as behind a load balancer. No sandbox
-// is lost: every one runs at the end, and every loop went on stepping
-// after the last restart.
+// with another version, which the other nodes must then show) while
+// agent loops drive as many sandboxes, spread over every node (six; two
+// thirds of CUBICLE_E2E_CLUSTER_SANDBOXES, at least 3). Each step is a
+// screenshot that must decode, a click and a command whose output must
+// show the step and where the click put the pointer (agentStep). A loop
+// whose node is down tries the same step on the next node's URL, as
+// behind a load balancer. Every answer must be right: a wrong one fails
+// the test, and so does an error, unless it is one a restart explains
+// (no answer, 502/503/504, lost; judgeStep) and came while a node was
+// restarting. No sandbox is lost: every one runs at the end, and every
+// loop made a step before the first restart, after each node came back
+// and after the last.
 func TestClusterRollingUpgrade(t *testing.T) {
 	tc := startCluster(t, "a", "b", "c")
 	// The release the nodes move to: the same code, stamped with
@@ -672,68 +723,94 @@ func TestClusterRollingUpgrade(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(next) })
 	ctx := context.Background()
 	a := tc.client("a")
-	var sbs []client.Sandbox
-	for range 6 {
-		sb, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sbs = append(sbs, sb)
-	}
+	sbs := createAll(t, a, max(3, 2*clusterSandboxes(t)/3), "through a")
 	urls := []string{"a", "b", "c"}
-	type loopStats struct {
-		ok, failed int
-		okAfter    int // steps done after the last node came back
-	}
+	spreadOver(t, sbs, urls...) // every restart is of a node holding a sandbox
+	type loopStats struct{ ok, retried, failed int }
 	stats := make([]loopStats, len(sbs))
 	var (
 		mu       sync.Mutex
-		upgraded bool
+		restarts restartWindows
 		wg       sync.WaitGroup
 	)
 	lctx, stop := context.WithCancel(ctx)
+	// Also when the test fails midway: no loop may log after it ended.
+	defer func() { stop(); wg.Wait() }()
 	for i, sb := range sbs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			via := i % len(urls)
-			for step := 0; lctx.Err() == nil; step++ {
+			for step := 0; lctx.Err() == nil; {
 				c := client.New(tc.nodes[urls[via]].URL, client.WithAPIKey(tc.key), client.WithTimeout(20*time.Second))
+				began := time.Now()
 				err := agentStep(lctx, c, sb.ID, step)
+				if lctx.Err() != nil {
+					return // cut short by the test's end
+				}
+				verdict := judgeStep(err, restarts.overlaps(began, time.Now()))
 				mu.Lock()
-				if err != nil {
-					if lctx.Err() == nil {
-						stats[i].failed++
-						if stats[i].failed <= 3 {
-							t.Logf("loop %d (sandbox on %s) through %s: %v", i, sb.Node, urls[via], err)
-						}
-					}
-					via = (via + 1) % len(urls)
-				} else {
+				switch verdict {
+				case stepDone:
 					stats[i].ok++
-					if upgraded {
-						stats[i].okAfter++
+				case stepRetried:
+					stats[i].retried++
+					if stats[i].retried <= 3 {
+						t.Logf("loop %d (sandbox on %s), step %d through %s during a restart: %v; tried again on the next node", i, sb.Node, step, urls[via], err)
+					}
+				case stepFailed:
+					stats[i].failed++
+					if stats[i].failed <= 3 {
+						t.Errorf("loop %d (sandbox %s on %s), step %d through %s: %v", i, sb.ID, sb.Node, step, urls[via], err)
 					}
 				}
 				mu.Unlock()
-				if err != nil {
-					time.Sleep(200 * time.Millisecond)
+				if err == nil {
+					step++
+					continue
 				}
+				via = (via + 1) % len(urls)
+				sleepCtx(lctx, 200*time.Millisecond)
 			}
 		}()
 	}
-	time.Sleep(3 * time.Second)
-	for _, name := range urls {
+	// stepsMade waits until every loop has made a step since it was
+	// called: a condition, where a sleep would only hope for it.
+	stepsMade := func(when string) {
+		t.Helper()
+		mu.Lock()
+		since := make([]int, len(stats))
+		for i := range stats {
+			since[i] = stats[i].ok
+		}
+		mu.Unlock()
+		var now []loopStats
+		if !eventually(2*time.Minute, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			now = append(now[:0], stats...)
+			for i := range stats {
+				if stats[i].ok <= since[i] {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Fatalf("not every agent loop made a step %s within 2 min: %+v", when, now)
+		}
+	}
+	stepsMade("before the first restart")
+	for k, name := range urls {
+		w := restarts.begin()
 		began := time.Now()
 		tc.nodes[name].Stop()
 		rctx, cancel := context.WithTimeout(ctx, time.Minute)
 		err := tc.nodes[name].Upgrade(rctx, next)
 		cancel()
 		if err != nil {
-			stop()
 			t.Fatalf("restart %s: %v", name, err)
 		}
-		other := tc.client(urls[(slicesIndex(urls, name)+1)%len(urls)])
+		other := tc.client(urls[(k+1)%len(urls)])
 		waitFor(t, "node "+name+" back in the cluster", func() bool {
 			info, err := other.Info(ctx)
 			if err != nil || info.Cluster == nil {
@@ -746,59 +823,25 @@ func TestClusterRollingUpgrade(t *testing.T) {
 			}
 			return false
 		})
+		// A lease's grace after one node saw it back: the others' views
+		// of it, and calls begun before, settle within it.
+		restarts.end(w, clusterLease)
 		t.Logf("node %s upgraded to %s in %v", name, nextVersion, time.Since(began).Round(100*time.Millisecond))
-		time.Sleep(2 * time.Second)
+		stepsMade("after node " + name + " came back")
 	}
-	mu.Lock()
-	upgraded = true
-	mu.Unlock()
-	time.Sleep(5 * time.Second)
 	stop()
 	wg.Wait()
-	total, failed := 0, 0
-	for i, s := range stats {
-		total += s.ok
-		failed += s.failed
-		if s.okAfter == 0 {
-			t.Errorf("loop %d (sandbox %s on %s) made no step after the upgrade (%+v)", i, sbs[i].ID, sbs[i].Node, s)
-		}
+	var total loopStats
+	for _, s := range stats {
+		total.ok += s.ok
+		total.retried += s.retried
+		total.failed += s.failed
 	}
-	t.Logf("6 agent loops: %d steps done, %d failed and retried on another node during the restarts", total, failed)
+	t.Logf("%d agent loops: %d steps done, %d retried on another node during the restarts, %d failed", len(sbs), total.ok, total.retried, total.failed)
 	for _, sb := range sbs {
 		got, err := tc.client("c").Get(ctx, sb.ID)
 		if err != nil || got.State != client.StateRunning || got.Node != sb.Node {
 			t.Errorf("after the upgrade, sandbox %s (node %s): %+v, %v", sb.ID, sb.Node, got, err)
 		}
 	}
-}
-
-// agentStep is one step of an agent loop: look, act, check.
-func agentStep(ctx context.Context, c *client.Client, id string, step int) error {
-	shot, err := c.Screenshot(ctx, id, client.ScreenshotOptions{Format: "png"})
-	if err != nil {
-		return fmt.Errorf("screenshot: %w", err)
-	}
-	if _, err := png.DecodeConfig(bytes.NewReader(shot)); err != nil {
-		return fmt.Errorf("screenshot: %w", err)
-	}
-	if _, err := c.Actions(ctx, id, client.ClickAt(100+step%200, 300)); err != nil {
-		return fmt.Errorf("click: %w", err)
-	}
-	res, err := c.Exec(ctx, id, client.ExecRequest{Command: fmt.Sprintf("echo step %d", step)})
-	if err != nil {
-		return fmt.Errorf("exec: %w", err)
-	}
-	if want := fmt.Sprintf("step %d\n", step); res.Stdout != want {
-		return fmt.Errorf("exec printed %q, want %q", res.Stdout, want)
-	}
-	return nil
-}
-
-func slicesIndex(s []string, v string) int {
-	for i, x := range s {
-		if x == v {
-			return i
-		}
-	}
-	return -1
 }
