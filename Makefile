@@ -12,14 +12,20 @@ FUZZTIME  ?= 10s
 SOAK_SANDBOXES ?= 10
 SOAK_DURATION  ?= 30m
 CRASH_ROUNDS   ?= 50
-# make test's share of TestPauseResume's cycles per backend and of
-# TestCrashRestart's rounds; make e2e (and a plain go test) runs the
-# acceptance's 50 cycles and 12 rounds, make crash 50 rounds. At 6-9 s a
-# cycle on gvisor and qemu, 50 cycles took about 10 min more than 10 do,
-# and CI has 90 for all of it (a whole make test took about 81 min with
-# 10).
-TEST_PAUSE_CYCLES ?= 5
-TEST_CRASH_ROUNDS ?= 6
+# make test's repetitions, where fewer prove what more do (README,
+# "Tests"): pause cycles a backend (2: the second resume is the E2B #884
+# check; fewer are raised to 2), crash rounds (4: one kill during each of
+# create, destroy, pause and resume), TestCrashFork's fork and snapshot
+# rounds, TestFork's forks (two already show each fork its own identity),
+# and the cluster tests' sandboxes (3: one a node). make e2e and a plain go
+# test run the long forms: 50 cycles, 12 rounds, 4 and 3 crash-fork
+# rounds, 5 forks, 9 cluster sandboxes; make crash 50 rounds.
+TEST_PAUSE_CYCLES ?= 2
+TEST_CRASH_ROUNDS ?= 4
+TEST_CRASH_FORK_ROUNDS ?= 2
+TEST_CRASH_SNAPSHOT_ROUNDS ?= 2
+TEST_FORKS ?= 2
+TEST_CLUSTER_SANDBOXES ?= 3
 # Tools the lint runs, installed once per version into TOOLS_DIR (not
 # rebuilt by `go run` on every run).
 STATICCHECK_VERSION := v0.8.2
@@ -37,7 +43,9 @@ ART := $(CURDIR)/test-artifacts
 # (test/harness takes them from CUBICLE_TEST_BIN instead of linking its
 # own in every test process).
 TEST_ENV := CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) CUBICLE_E2E_PAUSE_CYCLES=$(TEST_PAUSE_CYCLES) \
-	CUBICLE_CRASH_ROUNDS=$(TEST_CRASH_ROUNDS)
+	CUBICLE_CRASH_ROUNDS=$(TEST_CRASH_ROUNDS) CUBICLE_CRASH_FORK_ROUNDS=$(TEST_CRASH_FORK_ROUNDS) \
+	CUBICLE_CRASH_SNAPSHOT_ROUNDS=$(TEST_CRASH_SNAPSHOT_ROUNDS) CUBICLE_E2E_FORKS=$(TEST_FORKS) \
+	CUBICLE_E2E_CLUSTER_SANDBOXES=$(TEST_CLUSTER_SANDBOXES)
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
