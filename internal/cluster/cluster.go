@@ -159,6 +159,10 @@ type Cluster struct {
 	draining  bool
 	started   time.Time
 	watchRevs int64 // events seen by the watches, for the simulation's figures
+
+	// now is the clock of the create budget (TakeCreate): time.Now, or a
+	// test's clock that it moves instead of sleeping for a refill.
+	now func() time.Time
 }
 
 // New connects to etcd; it does not block on it (Run does the work).
@@ -218,6 +222,7 @@ func New(cfg Config) (*Cluster, error) {
 		pending: map[string]pending{},
 		problem: "not yet registered with etcd",
 		started: time.Now().UTC(),
+		now:     time.Now,
 	}, nil
 }
 
@@ -826,7 +831,7 @@ func (c *Cluster) TakeCreate(ctx context.Context, owner string, r float64, burst
 		if err != nil {
 			return false, fmt.Errorf("%w: create budget: %v", ErrUnavailable, err)
 		}
-		now := time.Now().UnixNano()
+		now := c.now().UnixNano()
 		st := rateState{Tokens: float64(burst), At: now}
 		var rev int64 // 0: no budget yet (etcd compares a missing key's revision as 0)
 		if len(resp.Kvs) == 1 {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -340,11 +341,17 @@ func TestNameTaken(t *testing.T) {
 
 // TestTakeCreate checks that a key's create budget is one for the whole
 // cluster: what one node took, the other cannot, under a race of both
-// too, and that it refills at its rate.
+// too, and that it refills at its rate. Both nodes read one clock that
+// the test moves, so a refill is a step of that clock, not a sleep.
 func TestTakeCreate(t *testing.T) {
 	etcd := etcdtest.Start(t, 1)
 	a := startNode(t, etcd.Endpoints(), "a", newFakeLocal(4, "gvisor"), 2*time.Second)
 	b := startNode(t, etcd.Endpoints(), "b", newFakeLocal(4, "gvisor"), 2*time.Second)
+	var clock atomic.Int64 // unix nanoseconds
+	clock.Store(time.Now().UnixNano())
+	now := func() time.Time { return time.Unix(0, clock.Load()) }
+	a.now, b.now = now, now
+	advance := func(d time.Duration) { clock.Add(int64(d)) }
 	waitUntil(t, 10*time.Second, "both registered", func() bool { return a.Degraded() == "" && b.Degraded() == "" })
 	ctx := context.Background()
 
@@ -390,10 +397,18 @@ func TestTakeCreate(t *testing.T) {
 	if ok, err := b.TakeCreate(ctx, "key-3", 5, 2); err != nil || !ok {
 		t.Errorf("b's take of another key = %v, %v", ok, err)
 	}
-	// 5 a second: one more after 200 ms, on either node.
-	time.Sleep(250 * time.Millisecond)
+	// 5 a second: half a create after 100 ms, one after 200 ms, on
+	// either node.
+	advance(100 * time.Millisecond)
+	if ok, err := a.TakeCreate(ctx, "key-2", 5, 2); err != nil || ok {
+		t.Errorf("a's take 100 ms after the budget was spent = %v, %v; want none yet", ok, err)
+	}
+	advance(100 * time.Millisecond)
 	if ok, err := b.TakeCreate(ctx, "key-2", 5, 2); err != nil || !ok {
-		t.Errorf("b's take after a refill = %v, %v", ok, err)
+		t.Errorf("b's take 200 ms after the budget was spent = %v, %v; want the one refilled", ok, err)
+	}
+	if ok, err := a.TakeCreate(ctx, "key-2", 5, 2); err != nil || ok {
+		t.Errorf("a's take after b took the refill = %v, %v; want none", ok, err)
 	}
 
 	// etcd away: the caller is told, to fall back to its own limit.

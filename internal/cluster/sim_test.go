@@ -19,6 +19,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/cubicle-dev/cubicle/internal/cluster/etcdtest"
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // The simulation's shape: 100 nodes with fake drivers, 10 000 sandboxes
@@ -42,9 +43,7 @@ const (
 // than guesses. The figures are logged, and written as a markdown table
 // to the file named by CUBICLE_SIM_REPORT when it is set.
 func TestSimulation(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the 100-node simulation takes a minute or two; run without -short")
-	}
+	needs.Long(t, "the 100-node simulation takes a minute or two")
 	began := time.Now()
 	rep := &simReport{}
 	rep.add("etcd members", "%d (Debian etcd-server 3.4, loopback, one disk)", simMembers)

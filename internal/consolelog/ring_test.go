@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 var t0 = time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
@@ -195,9 +197,7 @@ func TestRingSelect(t *testing.T) {
 // byte bound whatever the lines look like: an entry must not hold on to
 // the whole line it was read from while counting only its message.
 func TestRingMemoryBound(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes hundreds of megabytes")
-	}
+	needs.Long(t, "writes hundreds of megabytes")
 	// Many short fields and a long one past maxFields: the ring counts
 	// little of each line, which must then be all it keeps.
 	slogLine := func(pad int) []byte {

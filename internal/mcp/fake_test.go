@@ -25,6 +25,7 @@ type fakeBackend struct {
 	bodies  []map[string]any
 	files   map[string][]byte
 	delay   time.Duration // every call takes this long
+	onCall  func()        // if set, every call runs it (unlocked) first
 	created int
 	clip    string
 }
@@ -35,6 +36,9 @@ func (f *fakeBackend) record(call string) {
 	f.mu.Lock()
 	f.calls = append(f.calls, call)
 	f.mu.Unlock()
+	if f.onCall != nil {
+		f.onCall()
+	}
 	if f.delay > 0 {
 		time.Sleep(f.delay)
 	}

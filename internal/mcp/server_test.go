@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,21 +266,35 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestParallelCalls: two slow calls of one connection finish together,
-// not one after the other.
+// TestParallelCalls: two calls of one connection run at the same time,
+// not one after the other. Each waits in the daemon until both have
+// reached it, so they pass only together; run one after the other, the
+// first waits alone until its bound (a deadlock guard, not a timing
+// threshold: together they meet at once).
 func TestParallelCalls(t *testing.T) {
+	const calls = 2
+	var arrived sync.WaitGroup
+	arrived.Add(calls)
+	all := make(chan struct{})
+	go func() { arrived.Wait(); close(all) }()
+	var alone atomic.Int32
 	f := newFake()
-	f.delay = 500 * time.Millisecond
+	f.onCall = func() {
+		arrived.Done()
+		select {
+		case <-all:
+		case <-time.After(10 * time.Second):
+			alone.Add(1)
+		}
+	}
 	cs := connect(t, f, nil)
-	start := time.Now()
 	var wg sync.WaitGroup
-	for range 2 {
+	for range calls {
 		wg.Go(func() { call(t, cs, "list_sandboxes", map[string]any{}) })
 	}
 	wg.Wait()
-	// Sequential would be ≥ 1 s.
-	if d := time.Since(start); d >= 950*time.Millisecond {
-		t.Errorf("two 0.5 s calls took %v: they ran one after the other", d)
+	if n := alone.Load(); n != 0 {
+		t.Errorf("%d of %d calls waited 10 s in the daemon for the other to arrive: they ran one after the other", n, calls)
 	}
 }
 

@@ -246,9 +246,7 @@ func TestEncoderFinishInterrupts(t *testing.T) {
 // still complete (webm's cues and duration are written by seeking back).
 func TestEncoderUnprivileged(t *testing.T) {
 	needs.Command(t, "ffmpeg")
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to drop to nobody")
-	}
+	needs.Root(t) // to drop to nobody
 	path := filepath.Join(t.TempDir(), "r.webm")
 	e, err := Start(Options{Path: path, Format: FormatWebM, FPS: 5, Width: 160, Height: 120, SrcWidth: 320, SrcHeight: 240})
 	if err != nil {

@@ -25,8 +25,8 @@ import (
 // key cannot see it, a second recording of the sandbox is refused, a
 // recording running when the sandbox is destroyed is finished and stays
 // downloadable after, and no ffmpeg is left. Before that, a still screen
-// is recorded for 60 s: ffmpeg, cubicled and the sandbox together must
-// use under 5 % of one core more than without the recording.
+// is recorded for 20 s: it must make at most 3 frames (the first and the
+// last), and what ffmpeg, cubicled and the sandbox spend on it is logged.
 func TestRecording(t *testing.T) {
 	needs.Command(t, "ffmpeg", "ffprobe")
 	for _, backend := range selectedBackends("gvisor") {
@@ -182,12 +182,17 @@ func testRecording(t *testing.T, backend string) {
 	}
 }
 
-// stillScreen measures what recording an unchanging screen costs: the CPU
-// of ffmpeg, cubicled and the sandbox over 60 s of recording, against
-// cubicled and the sandbox over 30 s without.
+// stillScreen records an unchanging screen for 20 s (100 captures at the
+// default 5 fps) and checks that it made no more than the first frame and
+// the last. It also logs what the recording cost: the CPU of ffmpeg,
+// cubicled and the sandbox while it ran, against cubicled and the sandbox
+// over 10 s without. That figure is logged, not checked: on a shared
+// 2-core machine it is as much the neighbours' as the recording's, and a
+// threshold on it would be a timing test; a figure to quote needs a
+// quiet machine and a longer run, a bench's job (test/bench).
 func stillScreen(t *testing.T, c *client.Client, d *harness.Daemon, dataDir, id string) {
 	ctx := context.Background()
-	const base, still = 30 * time.Second, 60 * time.Second
+	const base, still = 10 * time.Second, 20 * time.Second
 	measure := func(run time.Duration, during func()) (daemon, box float64) {
 		d0, b0 := procCPU(t, d.Pid()), sandboxCPU(t, c, id)
 		t0 := time.Now()
@@ -213,12 +218,10 @@ func stillScreen(t *testing.T, c *client.Client, d *harness.Daemon, dataDir, id 
 		t.Fatal(err)
 	}
 	extra := ffCPU + (dRec - dBase) + (bRec - bBase)
-	t.Logf("still screen, 60 s at 5 fps: ffmpeg %.2f %%, cubicled %.2f %% (%.2f %% without), sandbox %.2f %% (%.2f %% without): %.2f %% of a core for the recording; %d frames, %d bytes (%.0f KiB a minute)",
-		100*ffCPU, 100*dRec, 100*dBase, 100*bRec, 100*bBase, 100*extra, rec.Frames, rec.SizeBytes, float64(rec.SizeBytes)/1024/(float64(rec.DurationMS)/60000))
-	if extra >= 0.05 {
-		t.Errorf("recording a still screen costs %.2f %% of a core, want under 5 %%", 100*extra)
-	}
-	// Nothing moves: the first frame and the last, no more.
+	t.Logf("still screen, %v at 5 fps: ffmpeg %.2f %%, cubicled %.2f %% (%.2f %% without), sandbox %.2f %% (%.2f %% without): %.2f %% of a core for the recording; %d frames, %d bytes (%.0f KiB a minute)",
+		still, 100*ffCPU, 100*dRec, 100*dBase, 100*bRec, 100*bBase, 100*extra, rec.Frames, rec.SizeBytes, float64(rec.SizeBytes)/1024/(float64(rec.DurationMS)/60000))
+	// Nothing moves: the first frame and the last, no more. (A recorder
+	// that encoded every capture would have made about 100.)
 	if rec.Frames > 3 {
 		t.Errorf("%d frames of a still screen, want 2 (the first and the last)", rec.Frames)
 	}

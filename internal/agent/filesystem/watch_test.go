@@ -139,19 +139,22 @@ func must(t *testing.T, err error) {
 // TestWatchDir drives a real directory and checks what a WatchDir stream
 // reports, recursive and not, ending each step with a sentinel file whose
 // create proves that everything before it was delivered (inotify keeps
-// order), so an event that must not come is known not to have come.
+// order), so an event that must not come is known not to have come. An
+// act that must not go on before the watcher has handled what it did so
+// far (added the watch of a directory it made) calls settle, which does
+// the same mid-way.
 func TestWatchDir(t *testing.T) {
 	for _, tt := range []struct {
 		name      string
 		recursive bool
 		setup     []string // directories made before the watch starts
-		act       func(t *testing.T, dir string)
+		act       func(t *testing.T, dir string, settle func())
 		want      []ev // in this order, others may be in between
 		absent    []ev // must not be reported at all
 	}{
 		{
 			name: "write, chmod, rename, remove",
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				must(t, os.WriteFile(filepath.Join(dir, "a.txt"), []byte("hello"), 0o644))
 				must(t, os.Chmod(filepath.Join(dir, "a.txt"), 0o600))
 				must(t, os.Rename(filepath.Join(dir, "a.txt"), filepath.Join(dir, "b.txt")))
@@ -161,7 +164,7 @@ func TestWatchDir(t *testing.T) {
 		},
 		{
 			name: "an upload (atomic replace) is a create and a write of its path",
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				for _, data := range []string{"new", "replaced"} {
 					if _, err := WriteFile(filepath.Join(dir, "up.txt"), strings.NewReader(data), nil); err != nil {
 						t.Fatal(err)
@@ -174,10 +177,10 @@ func TestWatchDir(t *testing.T) {
 		{
 			name:  "not recursive: subdirectories' own events are not reported",
 			setup: []string{"old"},
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				must(t, os.WriteFile(filepath.Join(dir, "old/f"), []byte("x"), 0o644))
 				must(t, os.Mkdir(filepath.Join(dir, "sub"), 0o755))
-				time.Sleep(100 * time.Millisecond) // what a recursive watch needs to see sub/f
+				settle() // a recursive watch would now see sub/f
 				must(t, os.WriteFile(filepath.Join(dir, "sub/f"), []byte("x"), 0o644))
 				must(t, os.Remove(filepath.Join(dir, "sub/f")))
 			},
@@ -188,7 +191,7 @@ func TestWatchDir(t *testing.T) {
 			name:      "recursive: a subdirectory that was there at the start is watched",
 			recursive: true,
 			setup:     []string{"old/deeper"},
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				must(t, os.WriteFile(filepath.Join(dir, "old/deeper/f"), []byte("x"), 0o644))
 			},
 			want: []ev{"create old/deeper/f", "write old/deeper/f"},
@@ -196,11 +199,12 @@ func TestWatchDir(t *testing.T) {
 		{
 			name:      "recursive: a directory made after the start is watched",
 			recursive: true,
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				must(t, os.Mkdir(filepath.Join(dir, "sub"), 0o755))
-				// The watch on sub is added when its create is read: give
-				// the watcher the moment a client would have.
-				time.Sleep(100 * time.Millisecond)
+				// The watch on sub is added when its create is read: what
+				// is made in sub before that is reported as found, but
+				// its later events would be missed.
+				settle()
 				must(t, os.WriteFile(filepath.Join(dir, "sub/f"), []byte("x"), 0o644))
 				must(t, os.Rename(filepath.Join(dir, "sub/f"), filepath.Join(dir, "sub/g")))
 				must(t, os.Remove(filepath.Join(dir, "sub/g")))
@@ -210,7 +214,7 @@ func TestWatchDir(t *testing.T) {
 		{
 			name:      "recursive: mkdir -p and a file in it at once",
 			recursive: true,
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				// Made faster than the watcher can add watches: what it
 				// finds in a new directory it reports as created.
 				must(t, os.MkdirAll(filepath.Join(dir, "x/y/z"), 0o755))
@@ -221,11 +225,11 @@ func TestWatchDir(t *testing.T) {
 		{
 			name:      "recursive: a renamed directory reports under its new name only",
 			recursive: true,
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				must(t, os.MkdirAll(filepath.Join(dir, "d1/in"), 0o755))
-				time.Sleep(100 * time.Millisecond)
+				settle()
 				must(t, os.Rename(filepath.Join(dir, "d1"), filepath.Join(dir, "d2")))
-				time.Sleep(100 * time.Millisecond)
+				settle()
 				must(t, os.WriteFile(filepath.Join(dir, "d2/in/f"), []byte("x"), 0o644))
 			},
 			want:   []ev{"create d1", "rename d1", "create d2", "create d2/in", "create d2/in/f", "write d2/in/f"},
@@ -234,9 +238,9 @@ func TestWatchDir(t *testing.T) {
 		{
 			name:      "recursive: a directory moved out is no longer watched",
 			recursive: true,
-			act: func(t *testing.T, dir string) {
+			act: func(t *testing.T, dir string, settle func()) {
 				must(t, os.Mkdir(filepath.Join(dir, "gone"), 0o755))
-				time.Sleep(100 * time.Millisecond)
+				settle()
 				out := filepath.Join(t.TempDir(), "out")
 				must(t, os.Rename(filepath.Join(dir, "gone"), out))
 				must(t, os.WriteFile(filepath.Join(out, "f"), []byte("x"), 0o644))
@@ -255,9 +259,18 @@ func TestWatchDir(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			tt.act(t, dir)
+			var got []ev
+			settles := 0
+			settle := func() {
+				t.Helper()
+				settles++
+				name := fmt.Sprintf("settled-%d", settles)
+				must(t, os.WriteFile(filepath.Join(dir, name), nil, 0o644))
+				got = append(got, collect(t, w.events, ev("create "+name))...)
+			}
+			tt.act(t, dir, settle)
 			must(t, os.WriteFile(filepath.Join(dir, "sentinel"), nil, 0o644))
-			got := collect(t, w.events, "create sentinel")
+			got = append(got, collect(t, w.events, "create sentinel")...)
 			if !inOrder(got, tt.want) {
 				t.Errorf("events %q\ndo not include, in order, %q", got, tt.want)
 			}
@@ -450,10 +463,13 @@ func TestWatcherPolling(t *testing.T) {
 	must(t, os.Rename(filepath.Join(dir, "a"), filepath.Join(dir, "b")))
 	must(t, os.Remove(filepath.Join(dir, "b")))
 	must(t, os.Mkdir(filepath.Join(dir, "sub"), 0o755))
-	time.Sleep(100 * time.Millisecond)
+	// Once the watcher has reported a file made after sub, it has handled
+	// sub's create, and watches sub.
+	must(t, os.WriteFile(filepath.Join(dir, "settled"), nil, 0o644))
+	got := poll(t, fs, id, "create settled")
 	must(t, os.WriteFile(filepath.Join(dir, "sub/c"), []byte("x"), 0o644))
-	got := poll(t, fs, id, "write sub/c")
-	want := []ev{"create a", "write a", "rename a", "create b", "remove b", "create sub", "create sub/c", "write sub/c"}
+	got = append(got, poll(t, fs, id, "write sub/c")...)
+	want := []ev{"create a", "write a", "rename a", "create b", "remove b", "create sub", "create settled", "create sub/c", "write sub/c"}
 	if !slices.Equal(got, want) {
 		t.Errorf("polled %q, want %q", got, want)
 	}

@@ -274,6 +274,11 @@ func (b *box) State() driver.State {
 // Wait returns a channel closed when QEMU has exited.
 func (b *box) Wait() <-chan struct{} { return b.dead }
 
+// quitGrace is how long Stop lets QEMU end after QMP "quit" before it
+// sends SIGKILL. A variable so that a test can make it long enough that
+// waiting it out cannot pass for the kill path.
+var quitGrace = 5 * time.Second
+
 // Stop ends the VM and removes its directory (overlay, sockets, logs). The
 // guest is not shut down gracefully: its disk is discarded anyway, so QMP
 // "quit" ends QEMU at once, and SIGKILL follows if it does not. It is safe
@@ -293,7 +298,7 @@ func (b *box) Stop(ctx context.Context) error {
 		qctx, qcancel := context.WithTimeout(ctx, 3*time.Second)
 		qerr := qmpCommand(qctx, filepath.Join(b.data.Dir, "qmp.sock"), "quit")
 		qcancel()
-		wait := 5 * time.Second
+		wait := quitGrace
 		if qerr != nil {
 			// No QMP yet (a VM stopped in its first moments) or none
 			// any more: nothing will end QEMU but the signal.
