@@ -15,7 +15,9 @@ import (
 // what clipboard_set puts there, ctrl+v pastes into the page's field,
 // which shows it in the window title; what the page's field holds, ctrl+a
 // ctrl+c copies, and clipboard_get reads it back exactly. Unicode beyond
-// Latin-1 and beyond the Basic Multilingual Plane goes both ways.
+// Latin-1 and beyond the Basic Multilingual Plane goes both ways. It runs
+// on the shared desktop (useSharedDesktop), whose clipboard was read right
+// after its boot, and opens its own page in it.
 func TestClipboard(t *testing.T) {
 	for _, backend := range selectedBackends("gvisor") {
 		t.Run(backend, func(t *testing.T) {
@@ -26,13 +28,10 @@ func TestClipboard(t *testing.T) {
 }
 
 func testClipboard(t *testing.T, backend string) {
-	d, c := startDaemon(t, backend)
+	desk := useSharedDesktop(t, backend)
+	d, c, sb := desk.d, desk.c, desk.sb
 	ctx := context.Background()
-	sb, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if text, err := c.ClipboardGet(ctx, sb.ID); err != nil || text != "" {
+	if text, err := desk.freshClipboard, desk.freshClipboardErr; err != nil || text != "" {
 		t.Errorf("clipboard of a fresh desktop: %q, %v; want empty", text, err)
 	}
 	// The test page: a click on the pad focuses its field, whose value
@@ -66,7 +65,10 @@ func testClipboard(t *testing.T, backend string) {
 	if _, err := c.Actions(ctx, sb.ID, client.PressKey("ctrl+a"), client.PressKey("ctrl+c")); err != nil {
 		t.Fatal(err)
 	}
-	var got string
+	var (
+		got string
+		err error
+	)
 	// Chromium takes the clipboard as it handles the key, a moment after
 	// the key action returns.
 	if !eventually(10*time.Second, func() bool {
