@@ -15,9 +15,7 @@ import (
 // what clipboard_set puts there, ctrl+v pastes into the page's field,
 // which shows it in the window title; what the page's field holds, ctrl+a
 // ctrl+c copies, and clipboard_get reads it back exactly. Unicode beyond
-// Latin-1 and beyond the Basic Multilingual Plane goes both ways. It runs
-// on the shared desktop (useSharedDesktop), whose clipboard was read right
-// after its boot, and opens its own page in it.
+// Latin-1 and beyond the Basic Multilingual Plane goes both ways.
 func TestClipboard(t *testing.T) {
 	for _, backend := range selectedBackends("gvisor") {
 		t.Run(backend, func(t *testing.T) {
@@ -28,10 +26,13 @@ func TestClipboard(t *testing.T) {
 }
 
 func testClipboard(t *testing.T, backend string) {
-	desk := useSharedDesktop(t, backend)
-	d, c, sb := desk.d, desk.c, desk.sb
+	d, c := startDaemon(t, backend)
 	ctx := context.Background()
-	if text, err := desk.freshClipboard, desk.freshClipboardErr; err != nil || text != "" {
+	sb, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text, err := c.ClipboardGet(ctx, sb.ID); err != nil || text != "" {
 		t.Errorf("clipboard of a fresh desktop: %q, %v; want empty", text, err)
 	}
 	// The test page: a click on the pad focuses its field, whose value
@@ -65,10 +66,7 @@ func testClipboard(t *testing.T, backend string) {
 	if _, err := c.Actions(ctx, sb.ID, client.PressKey("ctrl+a"), client.PressKey("ctrl+c")); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		got string
-		err error
-	)
+	var got string
 	// Chromium takes the clipboard as it handles the key, a moment after
 	// the key action returns.
 	if !eventually(10*time.Second, func() bool {

@@ -25,8 +25,7 @@ import (
 // each action of Anthropic's computer tool and of OpenAI's computer_call
 // by what the page in Chromium saw (its title reports every input event
 // with its screen position) and by the pixels of the pictures that come
-// back. This is the test the README's action table names. It runs on the
-// shared desktop (useSharedDesktop) and opens its own page in it.
+// back. This is the test the README's action table names.
 func TestComputerUse(t *testing.T) {
 	for _, backend := range selectedBackends("gvisor") {
 		t.Run(backend, func(t *testing.T) {
@@ -90,9 +89,12 @@ func (p cuPage) count() int {
 }
 
 func testComputerUse(t *testing.T, backend string) {
-	desk := useSharedDesktop(t, backend) // 1920×1080
-	c, sb := desk.c, desk.sb
+	_, c := startDaemon(t, backend)
 	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1920, Height: 1080}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	p := cuPage{t: t, c: c, id: sb.ID}
 	openComputerPage(t, c, sb.ID)
 

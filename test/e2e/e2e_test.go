@@ -420,10 +420,7 @@ func testRestart(t *testing.T, backend string) {
 }
 
 // TestBadInput sends what API.md says must be refused and checks the status,
-// the error code, and that the desktop did not change. It runs on the
-// shared desktop (useSharedDesktop), which it must not stop: that acting on
-// a stopped sandbox is a conflict is TestDesktopEndToEnd's check, on every
-// backend this test runs on.
+// the error code, and that the desktop did not change.
 func TestBadInput(t *testing.T) {
 	for _, backend := range selectedBackends("gvisor") {
 		t.Run(backend, func(t *testing.T) {
@@ -434,9 +431,12 @@ func TestBadInput(t *testing.T) {
 }
 
 func testBadInput(t *testing.T, backend string) {
-	desk := useSharedDesktop(t, backend)
-	d, c, sb := desk.d, desk.c, desk.sb
+	d, c := startDaemon(t, backend)
 	ctx := context.Background()
+	sb, err := c.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := c.Move(ctx, sb.ID, 100, 100); err != nil {
 		t.Fatal(err)
 	}
@@ -483,6 +483,12 @@ func testBadInput(t *testing.T, backend string) {
 	p, err := c.CursorPosition(ctx, sb.ID)
 	if err != nil || p.X != 100 || p.Y != 100 {
 		t.Errorf("cursor after bad input = %+v %v, want 100,100", p, err)
+	}
+	if err := c.Destroy(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Click(ctx, sb.ID, 1, 1); !client.IsConflict(err) {
+		t.Errorf("click on stopped sandbox: %v, want conflict", err)
 	}
 	var apiErr *client.APIError
 	if err := c.Destroy(ctx, "nosuchsandbox0000000000000"); !errors.As(err, &apiErr) || apiErr.Status != 404 {

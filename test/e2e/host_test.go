@@ -99,12 +99,9 @@ func backendTraces(dataDir, backend, id string) []string {
 type hostState map[string]bool
 
 // snapshotHost records the hostState of the daemon with data dir dataDir;
-// the daemon's own process (daemonPid) is left out, since it restarts, and
-// so is what names a shared desktop (sharedEnv), which is no test's: a
-// runc desktop's processes come and go.
+// the daemon's own process (daemonPid) is left out, since it restarts.
 func snapshotHost(dataDir string, daemonPid int) hostState {
 	s := hostState{}
-	shared := sharedSandboxIDs()
 	// Processes that belong to sandboxes: runtimes and VMMs name the data
 	// dir (runsc --root, QEMU's sockets) or the jail, container processes
 	// carry CUBICLE_SANDBOX_ID.
@@ -116,9 +113,6 @@ func snapshotHost(dataDir string, daemonPid int) hostState {
 		}
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		environ, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if namesShared(shared, cmdline, environ) {
-			continue
-		}
 		if bytes.Contains(cmdline, []byte(dataDir+"/")) || bytes.Contains(cmdline, []byte(fcChrootBase()+"/")) ||
 			bytes.Contains(environ, []byte("CUBICLE_SANDBOX_ID=")) {
 			comm, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "comm"))
@@ -181,11 +175,6 @@ func snapshotHost(dataDir string, daemonPid int) hostState {
 		}
 		return nil
 	})
-	for k := range s {
-		if namesShared(shared, []byte(k)) {
-			delete(s, k)
-		}
-	}
 	return s
 }
 
