@@ -103,7 +103,12 @@ describe('e2b SDK, signed file URLs', { timeout: 5 * 60 * 1000 }, () => {
   it('refuses after expiry, and changes nothing', async () => {
     const down = own(await sbx.downloadUrl(path, { useSignatureExpiration: 1 }))
     const up = own(await sbx.uploadUrl(path, { useSignatureExpiration: 1 }))
-    await sleep(2500) // the expiration is whole seconds from now
+    // signature_expiration is a Unix second; the daemon refuses once its
+    // clock (this machine's) is past that second: wait for that moment, and
+    // a little more, rather than a fixed 2.5 s.
+    const exp = Math.max(...[down, up].map((u) => Number(new URL(u).searchParams.get('signature_expiration'))))
+    assert.ok(exp > 0, `no signature_expiration in ${down} and ${up}`)
+    await sleep((exp + 1) * 1000 + 250 - Date.now())
     const d = await fetchVia(tls, down)
     assert.equal(d.status, 401, `an expired download URL: ${d.status} ${d.body}`)
     assert.match(d.body, /expired/)

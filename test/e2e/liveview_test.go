@@ -215,6 +215,13 @@ func testLiveView(t *testing.T, backend string) {
 	}
 	rogue.Close(websocket.StatusNormalClosure, "")
 
+	// A link of a second, refused below once it has expired: made here, it
+	// expires during the control link's checks.
+	short, err := c.View(ctx, sb.ID, client.ViewRequest{TTLSeconds: 1, ViewOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	// Control: the click reaches the sandbox, and the canvas follows.
 	control, err := c.View(ctx, sb.ID, client.ViewRequest{TTLSeconds: 600, ViewOnly: false})
 	if err != nil {
@@ -230,11 +237,7 @@ func testLiveView(t *testing.T, backend string) {
 
 	// Refused WebSockets get an error status and not one byte of RFB.
 	tok := tokenOf(t, viewOnly.URL)
-	short, err := c.View(ctx, sb.ID, client.ViewRequest{TTLSeconds: 1, ViewOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(time.Until(short.ExpiresAt) + 200*time.Millisecond)
+	time.Sleep(time.Until(short.ExpiresAt) + 200*time.Millisecond) // at once, mostly
 	for _, tt := range []struct {
 		name, id, query string
 		status          int
@@ -257,8 +260,12 @@ func testLiveView(t *testing.T, backend string) {
 	// A viewer is closed when its link expires, and one that stops
 	// reading is cut after viewWriteTimeout (README: "A viewer that
 	// cannot keep up for 15 s is closed").
-	viewerClosedAtExpiry(t, d, c, sb.ID)
+	// The two are timers of the daemon's on connections of their own: the
+	// expiring viewer is opened first, and its close is judged once the
+	// slow one has been cut (its reader noted when the close came).
+	expired := viewerClosedAtExpiry(t, d, c, sb.ID)
 	slowViewerCut(t, d, sb.ID, tok)
+	expired()
 
 	// Destroy: every viewer is closed within a second of the request, the
 	// page says so, and the token is revoked.

@@ -193,13 +193,20 @@ func testRecording(t *testing.T, backend string) {
 func stillScreen(t *testing.T, c *client.Client, d *harness.Daemon, dataDir, id string) {
 	ctx := context.Background()
 	const base, still = 10 * time.Second, 20 * time.Second
+	// The sandbox's CPU is read from its samples, over the time between
+	// the two it was read from (each up to a second older than its
+	// reading): waiting for a sample newer than each reading instead cost
+	// about half a second each time, four times.
 	measure := func(run time.Duration, during func()) (daemon, box float64) {
-		d0, b0 := procCPU(t, d.Pid()), sandboxCPU(t, c, id)
+		d0 := procCPU(t, d.Pid())
+		b0, at0 := sandboxCPU(t, c, id)
 		t0 := time.Now()
 		during()
 		time.Sleep(time.Until(t0.Add(run)))
 		el := time.Since(t0).Seconds()
-		return (procCPU(t, d.Pid()) - d0) / el, (sandboxCPU(t, c, id) - b0) / el
+		daemon = (procCPU(t, d.Pid()) - d0) / el
+		b1, at1 := sandboxCPU(t, c, id)
+		return daemon, (b1 - b0) / at1.Sub(at0).Seconds()
 	}
 	dBase, bBase := measure(base, func() {})
 	var rec client.Recording
@@ -241,21 +248,21 @@ func procCPU(t *testing.T, pid int) float64 {
 	return (ut + st) / 100 // USER_HZ
 }
 
-// sandboxCPU is the CPU seconds the sandbox has used, by its latest
-// sample (taken every second) once a fresh one has come.
-func sandboxCPU(t *testing.T, c *client.Client, id string) float64 {
+// sandboxCPU is the CPU seconds the sandbox had used by its latest sample
+// (taken every second), and when that sample was taken.
+func sandboxCPU(t *testing.T, c *client.Client, id string) (float64, time.Time) {
 	t.Helper()
-	now := time.Now()
 	var used float64
-	waitFor(t, "a fresh metrics sample", func() bool {
+	var at time.Time
+	waitFor(t, "a metrics sample", func() bool {
 		m, err := c.Metrics(context.Background(), id, client.MetricsOptions{})
-		if err != nil || m.Latest == nil || m.Latest.Timestamp.Before(now) {
+		if err != nil || m.Latest == nil {
 			return false
 		}
-		used = m.Latest.CPU.UsedSeconds
+		used, at = m.Latest.CPU.UsedSeconds, m.Latest.Timestamp
 		return true
 	})
-	return used
+	return used, at
 }
 
 // ffmpegs lists the ffmpeg processes writing under dataDir.

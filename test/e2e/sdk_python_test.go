@@ -36,7 +36,9 @@ func TestPythonSDK(t *testing.T) {
 
 func testPythonSDK(t *testing.T, src, backend string) {
 	py := installPythonSDK(t, src)
-	d, c := startDaemon(t, backend)
+	// Sampling every second (5 s by default): the suite's metrics test
+	// waits for the first sample, which otherwise came 5 to 10 s in.
+	d, c := startDaemonArgs(t, backend, "--metrics-interval", "1s")
 
 	env := []string{
 		"CUBICLE_URL=" + d.URL,

@@ -42,7 +42,9 @@ func TestTypeScriptSDK(t *testing.T) {
 }
 
 func testTypeScriptSDK(t *testing.T, dir, backend string) {
-	d, c := startDaemon(t, backend)
+	// Sampling every second (5 s by default): the suite's metrics test
+	// waits for the first sample, which otherwise came 5 to 10 s in.
+	d, c := startDaemonArgs(t, backend, "--metrics-interval", "1s")
 	env := []string{
 		"CUBICLE_URL=" + d.URL,
 		"CUBICLE_API_KEY=" + d.APIKey,

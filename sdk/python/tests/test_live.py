@@ -273,7 +273,8 @@ class DesktopTest(unittest.TestCase):
         m = self.c.metrics(self.sb.id)
         self.assertEqual((m.sandbox_id, m.backend, m.state), (self.sb.id, BACKEND, "running"))
         self.assertGreater(m.interval_seconds, 0)
-        # The first sample comes one interval (5 s) after the start.
+        # The first sample comes one interval after the start (5 s by
+        # default; TestPythonSDK's daemon samples every second).
         latest: list[cubicle.MetricsSample] = []
 
         def sampled() -> bool:
