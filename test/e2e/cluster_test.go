@@ -362,11 +362,15 @@ func TestCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	waitFor(t, "b's sandboxes running again", func() bool {
-		for _, id := range onB {
-			sb, err := a.Get(ctx, id)
-			if err != nil || sb.State != client.StateRunning {
-				return false
+	// Every node sees it, each through its own watch of b's record: one
+	// that has not seen b back yet still calls its sandboxes lost.
+	waitFor(t, "b's sandboxes running again, through every node", func() bool {
+		for _, via := range []string{"a", "b", "c"} {
+			for _, id := range onB {
+				sb, err := tc.client(via).Get(ctx, id)
+				if err != nil || sb.State != client.StateRunning {
+					return false
+				}
 			}
 		}
 		return true

@@ -34,15 +34,15 @@ func TestStream(t *testing.T) {
 		notWant []string
 	}{{
 		name: "a failing test",
-		res:  result{passed: 3, failed: 2, skipped: 1, pkgFailed: 1},
+		res:  result{passed: 4, failed: 2, skipped: 1, pkgFailed: 1},
 		want: []string{
-			"--- PASS: TestPasses", "--- PASS: TestDies",
+			"--- PASS: TestTakesAWhile (1.",
 			"--- FAIL: TestFails/broken", "the pixel was black",
 			"--- SKIP: TestSkips", "needs a thing",
 			"FAIL\tsample",
-			"3 passed, 2 failed, 1 skipped\n",
+			"4 passed, 2 failed, 1 skipped\n",
 		},
-		notWant: []string{"quiet when it passes", "ok  \tsample"},
+		notWant: []string{"quiet when it passes", "ok  \tsample", "--- PASS: TestPasses", "--- PASS: TestDies"},
 	}, {
 		name: "a test binary that exits mid-test",
 		env:  []string{"SAMPLE_DIE=1"},
@@ -104,7 +104,7 @@ func TestSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := r.pkgs["sample"]
-	if p == nil || p.result != "fail" || p.passed != 3 || p.failed != 2 || p.skipped != 1 {
+	if p == nil || p.result != "fail" || p.passed != 4 || p.failed != 2 || p.skipped != 1 {
 		t.Fatalf("package sample: %+v", p)
 	}
 	var b strings.Builder
@@ -112,9 +112,9 @@ func TestSummary(t *testing.T) {
 	s := b.String()
 	for _, w := range []string{
 		"| deps | 29 | 0 |", "| unit | 90 | 1 |", "**119** (2.0 min)",
-		"| sample |", "| fail | 3 | 2 | 1 |",
+		"| sample |", "| fail | 4 | 2 | 1 |",
 		"## The 2 slowest tests", "## The 2 slowest subtests", "TestFails/",
-		"\ntotal: 3 passed, 2 failed, 1 skipped\n",
+		"\ntotal: 4 passed, 2 failed, 1 skipped\n",
 	} {
 		if !strings.Contains(s, w) {
 			t.Errorf("summary lacks %q:\n%s", w, s)

@@ -34,6 +34,10 @@ func streamMain(args []string) error {
 	return nil
 }
 
+// slowPass is how long a passing top-level test must have taken, in
+// seconds, for the log to name it.
+const slowPass = 1.0
+
 // result counts what a stream held.
 type result struct {
 	passed, failed, skipped int // tests and subtests
@@ -129,7 +133,12 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 			}
 			switch e.Action {
 			case "pass":
-				fmt.Fprintf(out, "--- PASS: %s (%.2fs) %s\n", e.Test, e.Elapsed, e.Package)
+				// A passing test is named only when it took a while:
+				// the end-to-end tests' progress, without a line for
+				// each of a unit package's hundreds.
+				if e.Elapsed >= slowPass {
+					fmt.Fprintf(out, "--- PASS: %s (%.2fs) %s\n", e.Test, e.Elapsed, e.Package)
+				}
 				delete(held, k)
 			case "fail", "skip":
 				fmt.Fprint(out, b.String())

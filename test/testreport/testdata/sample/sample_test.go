@@ -3,9 +3,13 @@ package sample
 import (
 	"os"
 	"testing"
+	"time"
 )
 
 func TestPasses(t *testing.T) { t.Log("quiet when it passes") }
+
+// TestTakesAWhile passes slowly enough for the log to name it.
+func TestTakesAWhile(t *testing.T) { time.Sleep(1100 * time.Millisecond) }
 
 func TestFails(t *testing.T) {
 	t.Run("ok", func(t *testing.T) {})
