@@ -142,6 +142,8 @@ fuzz:
 # fuzzed every fourth day. All 49 took make test about 10 min, most of it
 # each target's instrumented build on a fresh machine; the whole suite had
 # 90 min in CI. Every test run replays all the committed corpora anyway.
+# make test runs it beside unit-sandbox at nice 19, FUZZTIME=30s
+# (scripts/test.sh).
 fuzz-ci:
 	q=$$(( $$(date +%-j) % 4 )); echo "fuzz: quarter $$q of the targets today"; \
 	FUZZ_SHARD=$$q/8 FUZZ_PARALLEL=1 ./scripts/fuzz.sh $(FUZZTIME) & first=$$!; \

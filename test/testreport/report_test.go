@@ -108,10 +108,10 @@ func TestSummary(t *testing.T) {
 		t.Fatalf("package sample: %+v", p)
 	}
 	var b strings.Builder
-	writeSummary(&b, []step{{"deps", 29, "0"}, {"unit", 90.4, "1"}}, r, 2)
+	writeSummary(&b, []step{{"deps", 29, "0", ""}, {"unit", 90.4, "1", ""}, {"fuzz", 60, "0", "unit"}}, r, 2)
 	s := b.String()
 	for _, w := range []string{
-		"| deps | 29 | 0 |", "| unit | 90 | 1 |", "**119** (2.0 min)",
+		"| deps | 29 | 0 |", "| unit | 90 | 1 |", "| fuzz (beside unit) | 60 | 0 |", "**119** (2.0 min)",
 		"| sample |", "| fail | 4 | 2 | 1 |",
 		"## The 2 slowest tests", "## The 2 slowest subtests", "TestFails/",
 		"\ntotal: 4 passed, 2 failed, 1 skipped\n",
