@@ -30,14 +30,18 @@ TEST_CLUSTER_SANDBOXES ?= 3
 # rebuilt by `go run` on every run).
 STATICCHECK_VERSION := v0.8.2
 TOOLS_DIR ?= $(HOME)/.cache/cubicle/tools
-STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)/staticcheck
+# Keyed by the Go release too: a staticcheck built by an older Go cannot
+# load packages that need a newer one.
+STATICCHECK := $(TOOLS_DIR)/staticcheck-$(STATICCHECK_VERSION)-$(shell $(GO) env GOVERSION)/staticcheck
 # The test packages that start sandboxes, VMs or image builds, or change
-# the host's network (netpool, drivertest): run one at
-# a time, alone on the machine, so that a 2-core host does not turn their
-# timing into flakes. Every other package runs side by side (go test's
-# default -p, the number of cores).
+# the host's network (netpool, drivertest), and the cluster's simulation
+# of 100 nodes on short leases: run one at a time (the niced fuzzing
+# beside them takes only the CPU they leave), so that a 2-core host does
+# not turn their timing into flakes. Every other package runs side by
+# side (go test's default -p, the number of cores).
 SANDBOX_PKGS := ./test/e2e ./test/security ./internal/driver/oci ./internal/driver/qemu ./internal/driver/drivertest \
-	./internal/driver/firecracker ./internal/image ./internal/netpool ./examples/anthropic ./examples/openai
+	./internal/driver/firecracker ./internal/image ./internal/netpool ./internal/cluster \
+	./examples/anthropic ./examples/openai
 ART := $(CURDIR)/test-artifacts
 # What the tests run: the binaries `make build` made for this commit
 # (test/harness takes them from CUBICLE_TEST_BIN instead of linking its
@@ -122,9 +126,9 @@ soak: deps image
 	mkdir -p test-artifacts
 	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) $(GO) run ./test/soak -sandboxes $(SOAK_SANDBOXES) -duration $(SOAK_DURATION) -out test-artifacts/soak.md -benchmarks BENCHMARKS.md
 
-# crash kills cubicled at random points of creates and destroys 50 times
-# (test/e2e TestCrashRestart; make test runs 6 rounds) and writes the
-# outcome to its section of BENCHMARKS.md.
+# crash kills cubicled 50 times at points of creates, destroys, pauses and
+# resumes (test/e2e TestCrashRestart; make test runs 4 rounds, one a kind)
+# and writes the outcome to its section of BENCHMARKS.md.
 crash: deps image
 	CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) CUBICLE_CRASH_ROUNDS=$(CRASH_ROUNDS) CUBICLE_CRASH_BENCHMARKS=$(CURDIR)/BENCHMARKS.md $(GO) test -count=1 -timeout 60m -run '^TestCrashRestart$$' -v ./test/e2e/
 

@@ -41,15 +41,27 @@ for s in deps image lint unit-light; do
   step "$s" || { status=$?; break; }
 done
 if [ "$status" -eq 0 ]; then
+  # In a process group of its own (job control on for the start), so
+  # that all of it can be stopped: when unit-sandbox fails, or this
+  # script is interrupted.
+  set -m
   step fuzz-ci unit-sandbox >"$art/fuzz.log" 2>&1 &
   fuzz=$!
+  set +m
+  trap 'kill -- -"$fuzz" 2>/dev/null' EXIT
+  trap 'exit 130' INT TERM
   step unit-sandbox || status=$?
+  if [ "$status" -ne 0 ]; then
+    echo "=== unit-sandbox failed: stopping make fuzz-ci"
+    kill -- -"$fuzz" 2>/dev/null
+  fi
   echo "=== waiting for make fuzz-ci (log: $art/fuzz.log)"
   start=$(date +%s%N)
   wait "$fuzz"
   st=$?
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
   printf 'fuzz-ci, left when unit-sandbox ended\t%d.%03d\t%s\n' $((ms / 1000)) $((ms % 1000)) "$st" >>"$art/steps.tsv"
+  trap - EXIT
   cat "$art/fuzz.log"
   [ "$status" -ne 0 ] || status=$st
 fi

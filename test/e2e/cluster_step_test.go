@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
 // wrongAnswer is a step's call that was answered, but not with what was
@@ -85,9 +86,12 @@ func judgeStep(err error, duringRestart bool) stepVerdict {
 	if errors.As(err, &wa) || !duringRestart {
 		return stepFailed
 	}
+	if harness.NoAnswer(err) {
+		return stepRetried // no answer from the node
+	}
 	var ae *client.APIError
 	if !errors.As(err, &ae) {
-		return stepRetried // no answer from the node
+		return stepFailed // an answer that did not decode
 	}
 	switch ae.Status {
 	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:

@@ -70,13 +70,30 @@ func importUserImage(t *testing.T, name string) {
 var rootfsCacheDir = filepath.Join(cimage.DefaultCacheDir, "e2e-rootfs")
 
 // rootfsKey is the hash of a user image's inputs: the suite and variant,
-// the packages and the page it carries. A change to any of them builds a
-// new rootfs.
+// the install script, the packages and the page it carries. A change to
+// any of them builds a new rootfs.
 func rootfsKey(packages []string, page []byte) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "bookworm minbase v1\n%s\n", strings.Join(packages, " "))
+	fmt.Fprintf(h, "%s\n%s\n", strings.Join(debootstrapArgs, " "), installScript(packages))
 	h.Write(page)
 	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// debootstrapArgs and installScript make a user image's rootfs: FROM
+// debian:bookworm and RUN apt-get install -y --no-install-recommends
+// PACKAGES, in a mount namespace of its own so that /proc goes away with
+// it whatever happens. The .debs stay in the shared cache (not `apt-get
+// clean`, which would empty it through the bind mount); the image keeps
+// none of them.
+var debootstrapArgs = []string{"--variant=minbase", "bookworm"}
+
+func installScript(packages []string) string {
+	return `set -e
+mount -t proc proc "$1/proc"
+mount --bind "$2" "$1/var/cache/apt/archives"
+chroot "$1" sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@" && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin' sh ` + strings.Join(packages, " ") + `
+umount "$1/var/cache/apt/archives" "$1/proc"
+`
 }
 
 func buildAndImport(t *testing.T, name string, packages []string) error {
@@ -109,6 +126,8 @@ func buildAndImport(t *testing.T, name string, packages []string) error {
 	var out bytes.Buffer
 	imp.Stdout, imp.Stderr = &out, &out
 	if err := imp.Run(); err != nil {
+		// A tar the import refuses is not kept for the next run.
+		os.Remove(tarPath)
 		return fmt.Errorf("cubicle image import < %s: %v\n%s", tarPath, err, out.String())
 	}
 	t.Logf("image %s: rootfs %s (%s), imported in %s: %s", name, built,
@@ -144,25 +163,15 @@ func buildRootfs(name string, packages []string, page []byte, tarPath string) er
 		return nil
 	}
 	// FROM debian:bookworm
-	if err := run(10*time.Minute, "debootstrap", "--variant=minbase", "--cache-dir="+cache, "bookworm", root, "http://deb.debian.org/debian"); err != nil {
+	if err := run(10*time.Minute, "debootstrap", append(append([]string{"--cache-dir=" + cache}, debootstrapArgs...), root, "http://deb.debian.org/debian")...); err != nil {
 		return err
 	}
-	// RUN apt-get install -y --no-install-recommends PACKAGES (in a mount
-	// namespace of its own, so /proc goes away with it whatever happens).
-	// The .debs stay in the shared cache (not `apt-get clean`, which would
-	// empty it through the bind mount); the image keeps none of them.
 	if len(packages) > 0 {
 		resolv, _ := os.ReadFile("/etc/resolv.conf")
 		if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), resolv, 0o644); err != nil {
 			return err
 		}
-		script := `set -e
-mount -t proc proc "$1/proc"
-mount --bind "$2" "$1/var/cache/apt/archives"
-chroot "$1" sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends "$@" && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin' sh ` + strings.Join(packages, " ") + `
-umount "$1/var/cache/apt/archives" "$1/proc"
-`
-		if err := run(20*time.Minute, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", root, cache); err != nil {
+		if err := run(20*time.Minute, "unshare", "--mount", "--propagation", "private", "sh", "-c", installScript(packages), "sh", root, cache); err != nil {
 			return err
 		}
 	}
@@ -173,7 +182,12 @@ umount "$1/var/cache/apt/archives" "$1/proc"
 	if err := os.WriteFile(filepath.Join(root, "srv", "page.html"), page, 0o644); err != nil {
 		return err
 	}
-	tmp := tarPath + ".tmp"
+	f, err := os.CreateTemp(filepath.Dir(tarPath), name+"-*.tmp")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	tmp := f.Name()
 	if err := run(10*time.Minute, "tar", "--numeric-owner", "--xattrs", "-C", root, "-cf", tmp, "."); err != nil {
 		os.Remove(tmp)
 		return err

@@ -31,7 +31,7 @@ var (
 )
 
 // BinDirEnv names a directory that already holds cubicled, cubicle and
-// cubicle-agent, built once for the commit by `make build-test`: every test
+// cubicle-agent, built once for the commit by `make build`: every test
 // process (and every network-namespace child a test re-executes) uses it
 // instead of linking its own three binaries, which cost each of them about
 // 20 s of a 2-core machine's CPU.
@@ -50,8 +50,12 @@ func Build() (string, error) {
 	buildOnce.Do(func() {
 		if dir := os.Getenv(BinDirEnv); dir != "" {
 			for _, name := range []string{"cubicled", "cubicle", "cubicle-agent"} {
-				if fi, err := os.Stat(filepath.Join(dir, name)); err != nil || fi.Mode()&0o111 == 0 {
-					buildErr = fmt.Errorf("%s=%s: no executable %s there (make build-test builds them): %v", BinDirEnv, dir, name, err)
+				fi, err := os.Stat(filepath.Join(dir, name))
+				if err == nil && fi.Mode()&0o111 == 0 {
+					err = errors.New("not executable")
+				}
+				if err != nil {
+					buildErr = fmt.Errorf("%s=%s: %s (make build builds it): %w", BinDirEnv, dir, name, err)
 					return
 				}
 			}

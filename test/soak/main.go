@@ -368,10 +368,13 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 					s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
 				}
 			} else {
-				// A sandbox that ended is one problem, whatever its
-				// requests answered meanwhile.
+				// A sandbox that ended unexplained is one problem,
+				// whatever its requests answered meanwhile (gone counts
+				// it); one that its runtime's kill ended still owes an
+				// explanation for an answer no fault causes (a 500, a
+				// wrong answer).
 				ended := s.gone(worker, id, err)
-				if why == "" && !ended {
+				if why == "" && (!ended || s.faults.killed(id)) {
 					s.problem("worker %d: %s: %v, and no fault explains it", worker, id, err)
 				}
 				if ended {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
 // The soak scores what a user would call a problem. Every failed create
@@ -94,8 +95,10 @@ func (f *faultLog) overlapping(id string, t0, t1 time.Time) []window {
 }
 
 // noAnswer reports an error that is not an answer of cubicled: the
-// connection was refused or cut.
-func noAnswer(err error) bool { return client.ErrorCode(err) == "" }
+// connection was refused or cut, or the call timed out. An answer without
+// an API code (a plain-text 500) or a wrong one (the soak's own checks)
+// is not "no answer", and no daemon kill forgives it.
+func noAnswer(err error) bool { return harness.NoAnswer(err) }
 
 // status is the HTTP status of an API error, 0 for none.
 func status(err error) int {
@@ -147,7 +150,8 @@ func sandboxEnded(err error) bool {
 // is coming back: 503 unavailable (the desktop is restarting, the X
 // display is not up).
 func desktopRestarting(err error) bool {
-	return status(err) == http.StatusServiceUnavailable && client.ErrorCode(err) == "unavailable"
+	return status(err) == http.StatusServiceUnavailable && client.ErrorCode(err) == "unavailable" &&
+		strings.Contains(err.Error(), "restarting")
 }
 
 // explainRequest says which fault explains a request on sandbox id that

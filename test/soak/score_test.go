@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,7 +18,7 @@ func apiErr(status int, code, msg string) error {
 }
 
 var (
-	errNoAnswer   = fmt.Errorf("post: %w", errors.New("connection refused"))
+	errNoAnswer   = fmt.Errorf("post: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED})
 	errDiskFull   = apiErr(503, "unavailable", "cubicled's data directory is full; no sandbox can be made until space is freed")
 	errNoAddress  = apiErr(503, "capacity_exhausted", "create sandbox: no free address in 10.89.77.0/28")
 	errStartFail  = apiErr(503, "unavailable", "create sandbox: desktop not ready in time")
@@ -84,6 +86,13 @@ func TestExplain(t *testing.T) {
 		{"no answer on a sandbox whose desktop is killed", false, "inside", 430, 431, errNoAnswer, ""},
 		{"a 500 while the daemon restarts", false, "any", 105, 106, apiErr(500, "internal", "internal error"), ""},
 		{"a 500 just after the daemon came back", false, "any", 111, 112, errInternal, ""},
+		// A wrong answer or one without an API code is an answer:
+		// a daemon's kill forgives only its absence.
+		{"a 500 without a code while the daemon restarts", false, "any", 105, 106, &client.APIError{Status: 500}, ""},
+		{"a wrong answer while the daemon restarts", false, "any", 105, 106, errors.New("screenshot is not a PNG"), ""},
+		{"a create with a wrong answer while the daemon restarts", true, "", 105, 106, errors.New("create: sandbox is starting, want running"), ""},
+		// A desktop being killed explains its "restarting", no other 503.
+		{"its agent gone on a sandbox whose desktop is killed", false, "inside", 430, 431, errAgentGone, ""},
 		{"request on the sandbox of a client gone mid-exec", false, "victim", 600, 601, errInternal, ""},
 	}
 	// Only the kill of its own runtime explains a sandbox's end.

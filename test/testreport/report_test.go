@@ -124,3 +124,23 @@ func TestSummary(t *testing.T) {
 		t.Errorf("%d test rows, want 2 tests and 2 subtests:\n%s", n, s)
 	}
 }
+
+// TestStreamPanicAfterPass: a panic that test2json gives to a test that
+// passed (a goroutine it left) still reaches the log of the failed package.
+func TestStreamPanicAfterPass(t *testing.T) {
+	in := `{"Action":"run","Package":"p","Test":"TestA"}
+{"Action":"output","Package":"p","Test":"TestA","Output":"--- PASS: TestA (0.00s)\n"}
+{"Action":"output","Package":"p","Test":"TestA","Output":"panic: a goroutine TestA left\n"}
+{"Action":"pass","Package":"p","Test":"TestA","Elapsed":0}
+{"Action":"output","Package":"p","Output":"FAIL\tp\t0.1s\n"}
+{"Action":"fail","Package":"p","Elapsed":0.1}
+`
+	var log bytes.Buffer
+	res, err := stream(strings.NewReader(in), &bytes.Buffer{}, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.pkgFailed != 1 || !strings.Contains(log.String(), "panic: a goroutine TestA left") {
+		t.Errorf("got %+v and a log without the panic:\n%s", res, log.String())
+	}
+}

@@ -54,6 +54,12 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 	held := map[key]*strings.Builder{}
 	var order []key // tests in the order they started, for an unended stream
 	pkgOut := map[string]*strings.Builder{}
+	// The output of each package's last passing test, and how many of its
+	// tests failed: a package that fails with no failed test (a panic in
+	// a goroutine a passed test left, which test2json gives to that test)
+	// shows it.
+	lastPass := map[string]*strings.Builder{}
+	pkgTestFails := map[string]int{}
 	d := newDecoder(in)
 	for {
 		e, line, ok := d.next()
@@ -98,6 +104,9 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 				delete(pkgOut, e.Package)
 			case "fail":
 				res.pkgFailed++
+				if lp := lastPass[e.Package]; lp != nil && pkgTestFails[e.Package] == 0 {
+					fmt.Fprintf(out, "=== the output of the last test that passed, before the package failed:\n%s", lp.String())
+				}
 				fmt.Fprint(out, b.String())
 				if e.FailedBuild != "" {
 					fmt.Fprintf(out, "FAIL\t%s [build of %s failed]\n", e.Package, e.FailedBuild)
@@ -125,6 +134,7 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 				res.passed++
 			case "fail":
 				res.failed++
+				pkgTestFails[e.Package]++
 			case "skip":
 				res.skipped++
 			}
@@ -139,6 +149,7 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 				if e.Elapsed >= slowPass {
 					fmt.Fprintf(out, "--- PASS: %s (%.2fs) %s\n", e.Test, e.Elapsed, e.Package)
 				}
+				lastPass[e.Package] = b
 				delete(held, k)
 			case "fail", "skip":
 				fmt.Fprint(out, b.String())
