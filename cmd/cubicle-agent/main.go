@@ -37,10 +37,17 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent/identity"
 	"github.com/cubicle-dev/cubicle/internal/agent/reap"
 	"github.com/cubicle-dev/cubicle/internal/agent/session"
+	"github.com/cubicle-dev/cubicle/internal/agent/threads"
 	"github.com/cubicle-dev/cubicle/internal/agent/vminit"
 	"github.com/cubicle-dev/cubicle/internal/agent/xdo"
 	desktoppb "github.com/cubicle-dev/cubicle/proto/desktop"
 )
+
+// threadReserve is how many idle OS threads the agent starts with (see
+// internal/agent/threads): enough for every request it serves at once to
+// block in a system call (a command's wait, a file read) with some over,
+// at about 50 KiB each.
+const threadReserve = 32
 
 // version is set at build time with -ldflags "-X main.version=...".
 var version = "dev"
@@ -89,6 +96,15 @@ func main() {
 // the image has.
 func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop bool, defaultUser string, insecure bool, extra []net.Listener) error {
 	token := agent.TokenFromEnv() // before anything can inherit the environment
+	// While the sandbox's pids cgroup still has room: a full one (a fork
+	// bomb) would otherwise end the agent the moment it needs a thread.
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if n, err := threads.Reserve(rctx, threadReserve); err != nil {
+		log.Warn("thread reserve", "err", err)
+	} else {
+		log.Debug("thread reserve", "threads", n)
+	}
+	cancel()
 	pooled := agent.PooledFromEnv()
 	devTools := agent.DevToolsFromEnv()
 	env := os.Environ()

@@ -38,6 +38,9 @@ func TestStream(t *testing.T) {
 		want: []string{
 			"--- PASS: TestTakesAWhile (1.",
 			"--- FAIL: TestFails/broken", "the pixel was black",
+			// The recap after the output: the test's own lines, not
+			// what it relayed.
+			"=== TestFails failed; its own lines, without the logs it relayed:\n    sample_test.go:17: daemon log:\n    sample_test.go:18: the pixel was black\n--- FAIL: TestFails/broken",
 			"--- SKIP: TestSkips", "needs a thing",
 			"FAIL\tsample",
 			"4 passed, 2 failed, 1 skipped\n",
@@ -68,6 +71,9 @@ func TestStream(t *testing.T) {
 				if !strings.Contains(log.String(), w) {
 					t.Errorf("log lacks %q:\n%s", w, log.String())
 				}
+			}
+			if _, after, ok := strings.Cut(log.String(), "its own lines, without the logs it relayed"); ok && strings.Contains(after, "relayed noise") {
+				t.Errorf("the recap has a relayed line:\n%s", after)
 			}
 			for _, w := range tc.notWant {
 				if strings.Contains(log.String(), w) {

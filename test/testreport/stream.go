@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -153,6 +154,9 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 				delete(held, k)
 			case "fail", "skip":
 				fmt.Fprint(out, b.String())
+				if e.Action == "fail" {
+					recap(out, e.Test, b.String())
+				}
 				delete(held, k)
 			}
 		}
@@ -174,4 +178,43 @@ func stream(in io.Reader, raw, out io.Writer) (result, error) {
 	}
 	fmt.Fprintf(out, "%d passed, %d failed, %d skipped\n", res.passed, res.failed, res.skipped)
 	return res, nil
+}
+
+// A line the testing package wrote for a t.Log or t.Error: "file.go:12: ".
+var testLine = regexp.MustCompile(`^\s+[\w.-]+\.go:\d+: `)
+
+// Bounds of a recap: a test that logs in a loop must not bury the rest.
+const (
+	recapLines    = 40
+	recapLineSize = 400
+)
+
+// recap prints again, after a failed test's whole output, only the lines
+// the test itself logged (file:line first) and its subtests' FAIL lines.
+// An end-to-end test's output is mostly the daemons' logs, relayed as
+// continuation lines; a CI page that shows the log's end, or a part of it
+// around the FAIL lines, then shows why the test failed.
+func recap(out io.Writer, test, output string) {
+	var lines []string
+	for line := range strings.Lines(output) {
+		line = strings.TrimRight(line, "\n")
+		if !testLine.MatchString(line) && !strings.Contains(line, "--- FAIL: ") {
+			continue
+		}
+		if len(line) > recapLineSize {
+			line = line[:recapLineSize] + " …"
+		}
+		lines = append(lines, line)
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "=== %s failed; its own lines, without the logs it relayed:\n", test)
+	if len(lines) > recapLines {
+		fmt.Fprintf(out, "    (%d lines; the last %d)\n", len(lines), recapLines)
+		lines = lines[len(lines)-recapLines:]
+	}
+	for _, l := range lines {
+		fmt.Fprintln(out, l)
+	}
 }

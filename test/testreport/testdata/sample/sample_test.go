@@ -13,7 +13,10 @@ func TestTakesAWhile(t *testing.T) { time.Sleep(1100 * time.Millisecond) }
 
 func TestFails(t *testing.T) {
 	t.Run("ok", func(t *testing.T) {})
-	t.Run("broken", func(t *testing.T) { t.Error("the pixel was black") })
+	t.Run("broken", func(t *testing.T) {
+		t.Log("daemon log:\n{\"msg\":\"relayed noise\"}")
+		t.Error("the pixel was black")
+	})
 }
 
 func TestSkips(t *testing.T) { t.Skip("needs a thing") }
