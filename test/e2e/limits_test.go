@@ -181,6 +181,15 @@ func testLimits(t *testing.T, backend string) {
 		}
 	}
 	pr.setPhase("fork bomb")
+	if backend == "runc" {
+		// The agent is PID 1 here and shares the pids limit: it must hold
+		// its reserve of threads (internal/agent/threads) before the bomb,
+		// or the bomb's full cgroup ends it when it next needs one.
+		r, err := c.Exec(ctx, hostile.ID, client.ExecRequest{Command: `sed -n 's/^Threads:[[:space:]]*//p' /proc/1/status`})
+		if n, _ := strconv.Atoi(strings.TrimSpace(r.Stdout)); err != nil || n < 32 {
+			t.Errorf("the agent (PID 1) has %q threads (%v), want its reserve of at least 32", strings.TrimSpace(r.Stdout), err)
+		}
+	}
 	hostBefore := len(harness.HostProcesses(hostile.ID))
 	if _, err := c.ExecBackground(ctx, hostile.ID, client.ExecRequest{Command: "b(){ b | b & }; b"}); err != nil {
 		t.Fatal(err)
