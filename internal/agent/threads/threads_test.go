@@ -90,7 +90,7 @@ func TestReserveAtPidsLimit(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cg := pidsCgroup(t)
-			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd := exec.Command(os.Args[0], "-test.run=^$") //depcheck:built (this test binary)
 			cmd.Env = append(os.Environ(), helperEnv+"="+strconv.Itoa(tc.reserve), "GOMAXPROCS=2")
 			stdin, err := cmd.StdinPipe()
 			if err != nil {
