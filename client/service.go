@@ -18,6 +18,16 @@ type Backend struct {
 	Reason string `json:"reason,omitempty"`
 	// Capabilities are what its sandboxes can do on this host.
 	Capabilities Capabilities `json:"capabilities"`
+	// Runtime is the program it runs sandboxes with (runsc for gvisor,
+	// runc), when it has one.
+	Runtime *Runtime `json:"runtime,omitempty"`
+}
+
+// Runtime names a backend's runtime program and the version it reports.
+type Runtime struct {
+	Name    string `json:"name"`
+	Path    string `json:"path"`
+	Version string `json:"version,omitempty"`
 }
 
 // Capabilities are a backend's optional features.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepares a fresh bare-metal Debian 12+ or Ubuntu 22.04+ x86_64 host for
 # cubicle: checks KVM, installs Firecracker and its jailer at a pinned
-# version (checksum-verified), the Debian packages, kernel modules and
+# version (checksum-verified), the pinned runsc (scripts/runsc.sh), the
+# Debian packages, kernel modules and
 # sysctls (persisted), the cubicle users and directories, the systemd unit,
 # and builds the desktop image. Idempotent: run it again after an upgrade.
 # With the cluster options it also makes the host a node of a cluster
@@ -73,7 +74,7 @@ SRC_DIR=$(cd "$(dirname "$0")/.." && pwd)
 # The Debian packages a production host needs. scripts/deps.sh installs the
 # same and more for development and tests.
 packages=(
-  runsc runc                       # gvisor and runc backends
+  runc                             # runc backend (gvisor's runsc: scripts/runsc.sh, below)
   qemu-system-x86 qemu-utils       # qemu backend
   debootstrap e2fsprogs            # image builds (rootfs, ext4 disks)
   nftables iproute2 kmod           # sandbox networking
@@ -89,7 +90,7 @@ ETCD_CLIENT_PORT=2379
 
 if [ "${1:-}" = --list ]; then
   printf 'deb %s\n' "${packages[@]}" "${etcd_packages[@]}"
-  printf 'file %s\n' "$PREFIX/firecracker" "$PREFIX/jailer"
+  printf 'file %s\n' "$PREFIX/firecracker" "$PREFIX/jailer" /usr/local/libexec/cubicle/runsc
   exit 0
 fi
 
@@ -430,6 +431,15 @@ jailer_have=$(fc_release "$PREFIX/jailer" || true)
 [ "$(printf '%s\n%s\n' "$FC_MIN_VERSION" "$fc_have" | sort -V | head -n1)" = "$FC_MIN_VERSION" ] ||
   die "firecracker $fc_have is older than $FC_MIN_VERSION, the oldest cubicle runs"
 [ "$jailer_have" = "$fc_have" ] || die "jailer ${jailer_have:-?} and firecracker $fc_have are from different releases"
+
+# --- runsc, the gvisor backend ------------------------------------------------
+# The very build the tests ran: gvisor.dev/gvisor at the version
+# deploy/runsc/go.mod pins, its sources checked against go.sum, built with
+# the Go that built bin/ (scripts/runsc.sh says why not gVisor's release
+# download). Once per version, about 4 minutes on 2 cores.
+command -v go >/dev/null 2>&1 || PATH="$PATH:/usr/local/go/bin"
+command -v go >/dev/null 2>&1 || die "the pinned runsc is built with Go, as bin/ is: no go on PATH or in /usr/local/go/bin"
+"$SRC_DIR/scripts/runsc.sh"
 
 # --- kernel modules and sysctls ---------------------------------------------
 modules=(tun vhost_vsock br_netfilter overlay)

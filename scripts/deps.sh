@@ -16,7 +16,7 @@
 set -euo pipefail
 
 packages=(
-  runsc runc                       # the gvisor and runc backends
+  runsc runc                       # runc backend; Debian's runsc (2022) only for `make bench`'s old-against-new figures
   criu                             # runc checkpoint: `criu check` says whether runc boxes can pause
   qemu-system-x86 qemu-utils       # the qemu backend (qemu-img makes the per-VM overlays)
   debootstrap                      # building images
@@ -51,7 +51,7 @@ REGISTRY=https://registry.npmjs.org
 
 if [ "${1:-}" = --list ]; then
   printf 'deb %s\n' "${packages[@]}"
-  printf 'file %s\n' /usr/local/bin/node /usr/local/bin/npm /usr/local/bin/npx
+  printf 'file %s\n' /usr/local/bin/node /usr/local/bin/npm /usr/local/bin/npx /usr/local/libexec/cubicle/runsc
   printf 'cmd %s\n' node npm
   exit 0
 fi
@@ -119,6 +119,11 @@ if ! command -v npm >/dev/null 2>&1; then
   ln -sfn "$dir/bin/npx-cli.js" /usr/local/bin/npx
   hash -r
 fi
+
+# The gvisor backend's runsc, pinned by deploy/runsc/go.mod and built from
+# the Go module proxy (Debian's runsc, above, stays for the old-against-new
+# benchmark; cubicled refuses it).
+"$(dirname "$0")/runsc.sh"
 
 # noVNC for the live-view page, pinned by web/package-lock.json; installed
 # again only when the lockfile changed.

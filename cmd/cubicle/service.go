@@ -27,13 +27,17 @@ func infoCmd(a *app) *cobra.Command {
 			fmt.Fprintf(a.out, "default:   %s\n", orDash(info.DefaultBackend))
 			fmt.Fprintf(a.out, "sandboxes: %d running of %d\n", info.Capacity.Running, info.Capacity.MaxSandboxes)
 			tw := tabwriter.NewWriter(a.out, 0, 0, 2, ' ', 0)
-			fmt.Fprintln(tw, "BACKEND\tISOLATION\tAVAILABLE\tREASON")
+			fmt.Fprintln(tw, "BACKEND\tISOLATION\tAVAILABLE\tRUNTIME\tREASON")
 			for _, b := range info.Backends {
 				avail := "yes"
 				if !b.Available {
 					avail = "no"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", b.Name, orDash(b.Isolation), avail, orDash(b.Reason))
+				runtime := ""
+				if r := b.Runtime; r != nil {
+					runtime = strings.TrimSpace(r.Name + " " + r.Version)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", b.Name, orDash(b.Isolation), avail, orDash(runtime), orDash(b.Reason))
 			}
 			if err := tw.Flush(); err != nil {
 				return err

@@ -85,6 +85,7 @@ func run() error {
 		recRetention   = fs.Duration("recording-retention", sandbox.DefaultRecordingRetention, "how long a stopped screen recording's file is kept, however long its sandbox lives (CUBICLE_RECORDING_RETENTION)")
 		keyRecordings  = fs.Int("key-max-recordings", sandbox.DefaultMaxRecordingsPerOwner, "screen recordings one API key may keep (CUBICLE_KEY_MAX_RECORDINGS)")
 		recMax         = fs.Duration("recording-max-duration", sandbox.DefaultMaxRecordingDuration, "a screen recording stops by itself after this long (CUBICLE_RECORDING_MAX_DURATION)")
+		runscBin       = fs.String("runsc", oci.DefaultRunscPath, "the runsc (gVisor) of the gvisor backend, at least of "+oci.MinRunscDate+"; scripts/runsc.sh installs the pinned one at the default (CUBICLE_RUNSC)")
 		ffmpegBin      = fs.String("ffmpeg", "ffmpeg", "the ffmpeg program that encodes screen recordings (CUBICLE_FFMPEG)")
 		maxVolumeMB    = fs.Int("max-volume-mb", sandbox.DefaultMaxVolumeMB, "largest volume, in MiB; a volume's file is sparse and takes host disk only as sandboxes write (CUBICLE_MAX_VOLUME_MB)")
 		keyRate        = fs.Float64("key-create-rate", 0, "sandbox creates per second one API key may make (bursts of up to twice that, at least 1); 0 = no per-key limit (CUBICLE_KEY_CREATE_RATE)")
@@ -188,8 +189,13 @@ func run() error {
 
 	drivers := map[string]driver.Driver{}
 	for name, runtime := range map[string]string{"gvisor": "runsc", "runc": "runc"} {
+		path := ""
+		if runtime == "runsc" {
+			path = *runscBin
+		}
 		drivers[name] = oci.New(oci.Config{
 			Runtime:     runtime,
+			RuntimePath: path,
 			StateDir:    filepath.Join(*dataDir, "oci", name),
 			AgentBinary: *agentBin,
 			DiskMB:      *diskMB,

@@ -43,6 +43,20 @@ type Driver interface {
 	Cleanup(ctx context.Context, keep map[string]bool) error
 }
 
+// Runtime is the program a backend runs its sandboxes with, for GET
+// /v1/info and `cubicle backends`: an operator reads which runsc a host
+// runs there.
+type Runtime struct {
+	Name    string // "runsc", "runc", "qemu-system-x86_64"
+	Path    string
+	Version string // as the program says it; "" when it did not run
+}
+
+// RuntimeReporter is implemented by backends that run a runtime program.
+type RuntimeReporter interface {
+	Runtime() Runtime
+}
+
 // Accelerator is implemented by VM backends that can run with or without
 // hardware acceleration; "auto" backend choice skips a driver whose
 // Accelerated reports false (QEMU under TCG is correct but far too slow to be

@@ -60,15 +60,24 @@ func Xvfb(t testing.TB) {
 	Command(t, "Xvfb")
 }
 
+// RunscPath is where the gvisor backend runs runsc from: the pinned build
+// of scripts/runsc.sh (internal/driver/oci.DefaultRunscPath; a test there
+// keeps the two equal). Debian's /usr/bin/runsc is not the backend's.
+const RunscPath = "/usr/local/libexec/cubicle/runsc"
+
 // Runtime gates t on an OCI runtime ("runsc" or "runc") being installed,
 // answering "--version", and the test running as root (both runtimes need
-// root to start containers).
+// root to start containers). runsc is the pinned one at RunscPath.
 func Runtime(t testing.TB, name string) {
 	t.Helper()
 	Root(t)
-	path, err := exec.LookPath(name) //depcheck:caller
+	lookup := name
+	if name == "runsc" {
+		lookup = RunscPath
+	}
+	path, err := exec.LookPath(lookup) //depcheck:caller
 	if err != nil {
-		Skip(t, "needs OCI runtime %q on PATH: %v", name, err)
+		Skip(t, "needs OCI runtime %q (%s; scripts/deps.sh installs it): %v", name, lookup, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

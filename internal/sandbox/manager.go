@@ -1321,6 +1321,10 @@ func (m *Manager) Backends(ctx context.Context) []BackendInfo {
 		} else if a, ok := d.(driver.Accelerator); ok && !a.Accelerated(ctx) {
 			bi.Reason = "no hardware acceleration: runs emulated (slow); \"auto\" does not pick it"
 		}
+		if rr, ok := d.(driver.RuntimeReporter); ok {
+			r := rr.Runtime()
+			bi.Runtime = &RuntimeInfo{Name: r.Name, Path: r.Path, Version: r.Version}
+		}
 		out = append(out, bi)
 	}
 	return out

@@ -129,6 +129,18 @@ type BackendInfo struct {
 	// Capabilities are what sandboxes of the backend can do beyond the
 	// desktop API, on this host.
 	Capabilities BackendCapabilities `json:"capabilities"`
+	// Runtime is the program the backend runs sandboxes with (runsc,
+	// runc), where it has one.
+	Runtime *RuntimeInfo `json:"runtime,omitempty"`
+}
+
+// RuntimeInfo names a backend's runtime program and its version.
+type RuntimeInfo struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// Version is what the program says of itself; empty when it did not
+	// run.
+	Version string `json:"version,omitempty"`
 }
 
 // BackendCapabilities are the optional features of a backend.

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/driver/oci"
 	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
@@ -745,7 +746,7 @@ func machine() string {
 		kb, _ := strconv.Atoi(mem)
 		mem = fmt.Sprintf("%.1f GiB", float64(kb)/(1<<20))
 	}
-	runsc, _ := exec.Command("runsc", "--version").Output()
+	runsc, _ := exec.Command(oci.DefaultRunscPath, "--version").Output() //depcheck:runs /usr/local/libexec/cubicle/runsc
 	return fmt.Sprintf("%d × %s, %s RAM, Linux %s, %s, %s", runtime.NumCPU(), cpu, mem,
 		strings.TrimSpace(string(kernel)), runtime.Version(), strings.TrimSpace(strings.SplitN(string(runsc), "\n", 2)[0]))
 }

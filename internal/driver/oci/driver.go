@@ -42,6 +42,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -56,7 +57,8 @@ import (
 type Config struct {
 	// Runtime is "runsc" (backend "gvisor") or "runc" (backend "runc").
 	Runtime string
-	// RuntimePath is the runtime binary; empty means Runtime looked up on PATH.
+	// RuntimePath is the runtime binary; empty means DefaultRunscPath for
+	// runsc and runc looked up on PATH.
 	RuntimePath string
 	// StateDir holds one directory per box and the runtime's state, e.g.
 	// /var/lib/cubicle/oci/gvisor. It must not be on overlayfs.
@@ -86,14 +88,20 @@ type Driver struct {
 	// criu is what `criu check` said on this host (runc's pause), asked
 	// once.
 	criu criuCheck
+
+	mu      sync.Mutex
+	version string // the runtime's, as Available last found it
 }
 
 var _ driver.Driver = (*Driver)(nil)
 
 // New returns a driver for cfg. It does not touch the host; call Available.
 func New(cfg Config) *Driver {
+	if cfg.RuntimePath == "" && cfg.Runtime == "runsc" {
+		cfg.RuntimePath = DefaultRunscPath
+	}
 	if cfg.RuntimePath == "" {
-		if p, err := exec.LookPath(cfg.Runtime); err == nil { //depcheck:runs runsc runc
+		if p, err := exec.LookPath(cfg.Runtime); err == nil { //depcheck:runs runc
 			cfg.RuntimePath = p
 		} else {
 			cfg.RuntimePath = cfg.Runtime
@@ -141,14 +149,20 @@ func (d *Driver) Available(ctx context.Context) error {
 	if os.Geteuid() != 0 {
 		return d.unavailable("needs root to start containers (euid %d)", os.Geteuid())
 	}
-	path, err := exec.LookPath(d.cfg.RuntimePath) //depcheck:runs runsc runc
+	path, err := exec.LookPath(d.cfg.RuntimePath) //depcheck:runs /usr/local/libexec/cubicle/runsc runc
 	if err != nil {
-		return d.unavailable("%s not found (apt-get install %s): %v", d.cfg.Runtime, d.cfg.Runtime, err)
+		how := "apt-get install runc"
+		if d.isRunsc() {
+			how = "scripts/runsc.sh builds and installs the pinned one"
+		}
+		return d.unavailable("%s not found (%s): %v", d.cfg.Runtime, how, err)
 	}
-	vctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if out, err := exec.CommandContext(vctx, path, "--version").CombinedOutput(); err != nil { //depcheck:runs runsc runc
-		return d.unavailable("%s --version failed: %v: %s", path, err, strings.TrimSpace(string(out)))
+	version, err := d.runtimeVersion(ctx, path)
+	d.mu.Lock()
+	d.version = version
+	d.mu.Unlock()
+	if err != nil {
+		return d.unavailable("%v", err)
 	}
 	if !hasFilesystem("overlay") {
 		return d.unavailable("kernel has no overlayfs (modprobe overlay)")
@@ -402,7 +416,12 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 		if network {
 			netMode = "--network=sandbox"
 		}
-		global = append(global, "--host-uds=create", "--oci-seccomp", netMode)
+		// --gofer-network-namespace=new: each gofer gets a network
+		// namespace of its own, as with Debian's runsc; the default
+		// ("null") pins one shared namespace with a bind mount in the
+		// runtime root, which outlives every box and would be a mount
+		// left behind.
+		global = append(global, "--host-uds=create", "--oci-seccomp", netMode, "--gofer-network-namespace=new")
 	}
 	global = append(global, d.cfg.RuntimeArgs...)
 	argv := append(global, args...)
@@ -423,7 +442,7 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 		cmd.WaitDelay = 5 * time.Second
 		return cmd
 	}
-	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, argv...) //depcheck:runs runsc runc
+	cmd := exec.CommandContext(ctx, d.cfg.RuntimePath, argv...) //depcheck:runs /usr/local/libexec/cubicle/runsc runc
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }

@@ -199,10 +199,16 @@ function renderInfo(info) {
   const parts = [];
   if (info.version) parts.push(`cubicled ${info.version}`);
   if (info.default_backend) parts.push(`default backend ${info.default_backend}`);
+  // The runtime programs of the backends that run: which runsc a host
+  // runs matters for what its gvisor sandboxes can do.
+  const runtime = (b) => (b.runtime ? `${b.runtime.name} ${b.runtime.version || '(version unknown)'}` : '');
+  for (const b of info.backends || []) {
+    if (b.available && b.runtime) parts.push(`${b.name}: ${runtime(b)}`);
+  }
   const di = $('daemon-info');
   di.textContent = parts.join(' · ');
   di.title = (info.backends || [])
-    .map((b) => `${b.name}: ${b.available ? 'available' : `unavailable${b.reason ? ` (${b.reason})` : ''}`}`)
+    .map((b) => `${b.name}${b.runtime ? ` (${runtime(b)})` : ''}: ${b.available ? 'available' : `unavailable${b.reason ? ` (${b.reason})` : ''}`}`)
     .join('\n');
   const c = info.capacity;
   if (c) {
