@@ -26,13 +26,16 @@ import (
 
 // Pause and resume of gVisor boxes are runsc checkpoint and restore: the
 // sandbox's whole kernel state (processes, memory, its network stack)
-// goes to DIR/checkpoint/checkpoint.img and the sandbox ends; restore
-// starts it again from the image in the same bundle, on the same
-// rootfs, upper layer and volumes, which stay mounted while it is
-// paused (they hold no CPU or memory, and a restore needs them exactly
-// as they were).
+// goes to DIR/checkpoint and the sandbox ends; restore starts it again
+// from the image in the same bundle, on the same rootfs, upper layer and
+// volumes, which stay mounted while it is paused (they hold no CPU or
+// memory, and a restore needs them exactly as they were). The sandbox is
+// frozen (runsc pause) and saved with --leave-running, and ended only
+// once the image is whole: a checkpoint that fails leaves it running as
+// it was (TestPauseFailureLeavesTheBoxRunning), where a plain checkpoint
+// ends the sandbox whether it succeeds or not.
 //
-// runsc 20221219 cannot save a host socket, and the agent's channel is
+// runsc cannot save a host socket, and the agent's channel is
 // one (--host-uds); a checkpoint that meets one fails and stops the box.
 // So the agent lets go of it first (agent.HostListener): the driver asks
 // it (agentclient.PrepareCheckpoint), and after a restore (or a
@@ -157,15 +160,21 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := os.Mkdir(img, 0o700); err != nil {
 		return thaw(err)
 	}
-	if _, err := d.output(ctx, "checkpoint", "--image-path", img, id); err != nil {
+	// Frozen first, then saved with --leave-running: a checkpoint that
+	// fails (a full disk, a kill of runsc, a fault of its own) then
+	// leaves the sandbox as it was, instead of ending it as a plain
+	// checkpoint does either way; and the sandbox cannot run between the
+	// save and its end, so the disk holds nothing the saved memory does
+	// not know of. The save's own pause of the kernel nests inside ours
+	// (gVisor counts them), so the box stays frozen after it.
+	if _, err := d.output(ctx, "pause", id); err != nil {
 		return thaw(err)
 	}
-	// The checkpoint ended the sandbox; delete what the runtime keeps of
-	// it (its processes, state and cgroups), and nothing of the box.
-	select {
-	case <-b.dead:
-	case <-time.After(10 * time.Second):
+	if _, err := d.output(ctx, "checkpoint", "--leave-running", "--image-path", img, id); err != nil {
+		return thaw(d.unfreeze(b, err))
 	}
+	// Saved: end the frozen sandbox and delete what the runtime keeps of
+	// it (its processes, state and cgroups), and nothing of the box.
 	if err := d.deleteContainer(ctx, id); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: delete the checkpointed container: %w", id, err)
 	}
@@ -178,6 +187,18 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	data := b.data
 	data.Paused, data.Pid = true, 0
 	return driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(dir)}, nil
+}
+
+// unfreeze resumes box b after a checkpoint that failed with cause, and
+// answers cause (with the resume's error too, when it failed). It runs
+// even when the pause's ctx has ended: a frozen box serves nobody.
+func (d *Driver) unfreeze(b *box, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := d.output(ctx, "resume", b.data.ID); err != nil {
+		return errors.Join(cause, fmt.Errorf("resume the box the failed checkpoint left frozen: %w", err))
+	}
+	return cause
 }
 
 // checkpointable checks, before anything is done, what runsc 20221219
@@ -432,11 +453,13 @@ func treeBytes(root string) int64 {
 }
 
 // Settle decides a pause a killed daemon left. Its runsc checkpoint runs
-// on without the daemon (and ends the box when it is done), so it is
-// waited for first. Then a box still running had its agent let go of
-// its socket, perhaps: it is told to listen again and runs on. A box the
-// checkpoint ended, with the checkpoint's image there, is paused; one
-// without is gone.
+// on without the daemon, so it is waited for first. A box that is still
+// there, frozen or not, runs on: whether its checkpoint was complete
+// cannot be told once the process that said so is gone, and the box is
+// whole; it is resumed, its image removed, and its agent (which may have
+// let go of its socket) told to listen again. A box that is gone, with a
+// checkpoint image there, is paused (a pause that got as far as ending
+// it); one without is gone.
 func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driver.Paused, error) {
 	data, err := d.decode(st)
 	if err != nil {
@@ -456,7 +479,15 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 		}
 	}
 	sock := filepath.Join(data.Dir, "run", "agent.sock")
-	if cs, v, _ := d.probe(ctx, data.ID); v == verdictRunning {
+	cs, v, _ := d.probe(ctx, data.ID)
+	if v != verdictRunning && cs.Status == "paused" && cs.Pid > 0 {
+		// Frozen for its checkpoint when the daemon died.
+		if _, err := d.output(ctx, "resume", data.ID); err != nil {
+			return nil, nil, fmt.Errorf("settle %s: resume the frozen box: %w", data.ID, err)
+		}
+		cs, v, _ = d.probe(ctx, data.ID)
+	}
+	if v == verdictRunning {
 		os.RemoveAll(img)
 		data.Pid = cs.Pid
 		b := newBox(d, data)
