@@ -95,6 +95,15 @@ func TestGVisorRuntime(t *testing.T) {
 	}
 	t.Logf("sandbox %s: host processes by binary %v", sb.ID, exes)
 
+	// Root in the sandbox reaches the agent's /proc/1, as under runc:
+	// its console is where E2B's sandbox logs come from. The agent
+	// started the desktop's programs as another user, which leaves a
+	// process undumpable under this runsc unless it says otherwise
+	// (account.KeepDumpable).
+	if r, err := c.Exec(ctx, sb.ID, client.ExecRequest{Command: "echo cubicle-console-check > /proc/1/fd/1 && readlink /proc/1/exe"}); err != nil || r.ExitCode != 0 || strings.TrimSpace(r.Stdout) != "/opt/cubicle/bin/cubicle-agent" {
+		t.Errorf("root writing the agent's console (/proc/1/fd/1): %+v %v", r, err)
+	}
+
 	// Debian's runsc (/usr/bin/runsc, 20221219): refused, with the reason.
 	old := "/usr/bin/runsc"
 	if _, err := os.Stat(old); err != nil {

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Root is the default user of the agent, as in envd.
@@ -80,6 +82,16 @@ func (a *Account) Credential() *syscall.Credential {
 	}
 	return &syscall.Credential{Uid: a.UID, Gid: a.GID, Groups: a.Groups}
 }
+
+// KeepDumpable makes the agent dumpable again once it has started a child
+// as another user (call it after the ForkExec returns: the child has
+// exec'd by then). Go forks with CLONE_VM|CLONE_VFORK, so until its exec
+// the child shares the agent's memory, and its setuid lowers that
+// memory's dumpability (Linux's commit_creds and gVisor's both do). An
+// undumpable agent is one whose /proc/1/* even root in the sandbox cannot
+// open: /proc/1/fd/1, the console E2B's sandbox logs are read from,
+// among them.
+func KeepDumpable() { _ = unix.Prctl(unix.PR_SET_DUMPABLE, 1, 0, 0, 0) }
 
 // Env is the user part of a child's environment: HOME, USER and LOGNAME.
 func (a *Account) Env() []string {

@@ -117,10 +117,14 @@ func replaceFile(path, content string, mode os.FileMode) error {
 	return nil
 }
 
-// addEntropy credits b to the kernel's pool (RNDADDENTROPY), which makes
-// its random generator reseed; where the ioctl is refused (no
-// CAP_SYS_ADMIN, or a kernel that is not Linux's) b is written to the
-// device instead, which mixes it in without credit.
+// addEntropy credits b to the kernel's pool (RNDADDENTROPY) and has its
+// random generator reseed from it at once (RNDRESEEDCRNG): since Linux
+// 5.18 credited entropy alone reseeds only on the generator's own
+// schedule (up to a minute), and two forks of one VM read the same
+// /dev/urandom bytes meanwhile (a CI run of TestFork saw it). Where the
+// ioctls are refused (no CAP_SYS_ADMIN, or a kernel that is not Linux's:
+// gVisor's urandom is the host's) b is written to the device instead,
+// which mixes it in without credit.
 func addEntropy(dev string, b []byte) error {
 	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
 	if err != nil {
@@ -133,6 +137,9 @@ func addEntropy(dev string, b []byte) error {
 	binary.NativeEndian.PutUint32(info[4:], uint32(len(b)))
 	copy(info[8:], b)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); e == 0 {
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 && e != unix.EINVAL && e != unix.ENOTTY {
+			return fmt.Errorf("entropy: reseed: %w", e)
+		}
 		return nil
 	}
 	if _, err := f.Write(b); err != nil {

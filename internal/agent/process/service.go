@@ -328,7 +328,13 @@ func (s *Service) spawn(ctx context.Context, req *pb.StartRequest, acct *account
 		sys.Setpgid = true
 	}
 	attr := &syscall.ProcAttr{Dir: dir, Env: env, Files: fds, Sys: sys}
-	fork := func() (int, error) { return syscall.ForkExec(path, argv, attr) }
+	fork := func() (int, error) {
+		pid, err := syscall.ForkExec(path, argv, attr)
+		if sys.Credential != nil {
+			account.KeepDumpable()
+		}
+		return pid, err
+	}
 	pid, status, err := s.opts.Reaper.Spawn(fork)
 	for try := 1; errors.Is(err, syscall.EAGAIN) && try < forkTries && ctx.Err() == nil; try++ {
 		select {

@@ -352,7 +352,13 @@ func (s *Supervisor) spawn(name string, argv []string, user string, extraEnv []s
 	if s.ctx.Err() != nil {
 		return 0, nil, s.ctx.Err()
 	}
-	pid, status, err := s.opts.Reaper.Spawn(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
+	pid, status, err := s.opts.Reaper.Spawn(func() (int, error) {
+		pid, err := syscall.ForkExec(path, argv, attr)
+		if attr.Sys.Credential != nil {
+			account.KeepDumpable()
+		}
+		return pid, err
+	})
 	if err != nil {
 		return 0, nil, err
 	}
