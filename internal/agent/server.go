@@ -70,19 +70,19 @@ func PooledFromEnv() bool {
 	return v == "1"
 }
 
-// DevToolsEnv, set to "1" in a sandbox's environment at create, turns on
-// Chromium's DevTools on the sandbox's loopback for cubicled's CDP
-// endpoint. It is off unless asked for: a listening TCP socket in the
-// sandbox is what gVisor's checkpoint (runsc 20221219) cannot save, so a
-// sandbox with DevTools cannot pause on gvisor.
+// DevToolsEnv, set to "0" in a sandbox's environment at create, turns off
+// Chromium's DevTools on the sandbox's loopback, which cubicled's CDP
+// endpoint reaches. It is on otherwise: the pinned runsc saves a
+// listening socket across a pause (Debian's of 2022 did not, and DevTools
+// was off by default then).
 const DevToolsEnv = "CUBICLE_DEVTOOLS"
 
-// DevToolsFromEnv reports DevToolsEnv and removes it from the
-// environment.
+// DevToolsFromEnv reports whether DevTools is on (DevToolsEnv is not "0")
+// and removes the variable from the environment.
 func DevToolsFromEnv() bool {
 	v := os.Getenv(DevToolsEnv)
 	_ = os.Unsetenv(DevToolsEnv)
-	return v == "1"
+	return v != "0"
 }
 
 // Options configure a Server.

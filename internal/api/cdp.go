@@ -104,7 +104,7 @@ func cdpVersion(ctx context.Context, hc *http.Client) (map[string]any, error) {
 
 // errNoDevTools is the answer when nothing listens on the DevTools port.
 var errNoDevTools = &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable,
-	msg: "the sandbox's browser does not serve DevTools: create the sandbox with the environment variable CUBICLE_DEVTOOLS=1 to turn it on (it may also not be running, not be Chromium, or be started by its image without cubicle's flags)"}
+	msg: "the sandbox's browser does not serve DevTools: it was created with the environment variable CUBICLE_DEVTOOLS=0, or it is not running, not Chromium, or started by its image without cubicle's flags"}
 
 func cdpAskVersion(ctx context.Context, hc *http.Client) (map[string]any, error) {
 	ctx, cancel := context.WithTimeout(ctx, cdpAskTimeout)

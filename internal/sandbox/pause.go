@@ -116,13 +116,6 @@ func (m *Manager) pauseLocked(ctx context.Context, e *entry, p driver.Pauser) (_
 		m.mu.Unlock()
 		return Sandbox{}, false, err
 	}
-	if devTools(e.rec.Request) && e.rec.Sandbox.Isolation == driver.IsolationGVisor {
-		// runsc 20221219's checkpoint cannot save a listening TCP socket
-		// ("endpoint still has waiters upon save"), and a failed
-		// checkpoint ends the sandbox: refuse before trying.
-		m.mu.Unlock()
-		return Sandbox{}, false, errdefs.New(errdefs.ErrNotSupported, "sandbox %s cannot pause: it was created with %s=1, and gVisor cannot save Chromium's listening DevTools socket; create it without DevTools to pause it", id, DevToolsEnv)
-	}
 	_ = m.transitionLocked(e, StatePausing) // running → pausing
 	box := e.box
 	m.mu.Unlock()

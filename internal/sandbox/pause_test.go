@@ -267,22 +267,6 @@ func TestPauseRefused(t *testing.T) {
 			t.Errorf("the sandbox after a refused pause: %v", err)
 		}
 	})
-	t.Run("DevTools on gVisor", func(t *testing.T) {
-		// The pausing driver's boxes are gVisor's (fakeDriver).
-		a, err := m.Create(ctx, CreateRequest{Env: map[string]string{DevToolsEnv: "1"}}, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Destroy(ctx, a.ID)
-		saved := d.savedCount()
-		_, err = m.Pause(ctx, a.ID)
-		if !errors.Is(err, errdefs.ErrNotSupported) || !strings.Contains(err.Error(), "DevTools") {
-			t.Errorf("pause with DevTools: %v, want not supported saying why", err)
-		}
-		if got, _ := m.Get(ctx, a.ID); got.State != StateRunning || d.savedCount() != saved {
-			t.Errorf("the refused pause left the sandbox %s, %d saved (want running, %d)", got.State, d.savedCount(), saved)
-		}
-	})
 	a, _ := m.Create(ctx, CreateRequest{}, true)
 	tests := []struct {
 		name string

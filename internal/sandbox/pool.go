@@ -239,7 +239,7 @@ func (m *Manager) poolBoxesLocked() int {
 // backend, template and screen, the default DPI and shape, and nothing
 // only a boot can give (volumes).
 func (m *Manager) poolFor(req CreateRequest, d driver.Driver) *pool {
-	if len(req.Volumes) > 0 || req.VCPUs != 0 || req.MemoryMB != 0 || (req.DPI != 0 && req.DPI != defaultDPI) || devTools(req) {
+	if len(req.Volumes) > 0 || req.VCPUs != 0 || req.MemoryMB != 0 || (req.DPI != 0 && req.DPI != defaultDPI) || !devTools(req) {
 		return nil
 	}
 	for _, p := range m.pools {
@@ -253,12 +253,13 @@ func (m *Manager) poolFor(req CreateRequest, d driver.Driver) *pool {
 	return nil
 }
 
-// DevToolsEnv, "1" in a create's environment, turns on Chromium's DevTools
-// in the sandbox (agent.DevToolsEnv). The agent reads it when it starts,
-// so a pool box, started without it, cannot serve such a create.
+// DevToolsEnv, "0" in a create's environment, turns off Chromium's
+// DevTools in the sandbox (agent.DevToolsEnv); it is on otherwise. The
+// agent reads it when it starts, so a pool box, started with DevTools,
+// cannot serve a create that turns it off.
 const DevToolsEnv = "CUBICLE_DEVTOOLS"
 
-func devTools(req CreateRequest) bool { return req.Env[DevToolsEnv] == "1" }
+func devTools(req CreateRequest) bool { return req.Env[DevToolsEnv] != "0" }
 
 // defaultDPI is the screen's DPI when a create names none (the agent's
 // default), the DPI of every pool box.

@@ -164,6 +164,9 @@ func TestPoolMisses(t *testing.T) {
 		{MemoryMB: 1024},
 		{DPI: 120},
 		{Template: "other"},
+		// Pool boxes run DevTools (the default): one that turns it off
+		// boots without.
+		{Env: map[string]string{DevToolsEnv: "0"}},
 	} {
 		sb, err := m.Create(ctx, req, true)
 		if err != nil {

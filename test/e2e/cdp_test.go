@@ -84,9 +84,8 @@ func testCDP(t *testing.T, jsDir, backend string) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// DevTools is off unless the create asks for it.
-			req := client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768},
-				Env: map[string]string{"CUBICLE_DEVTOOLS": "1"}}
+			// DevTools is on by default: the creates do not ask.
+			req := client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 1024, Height: 768}}
 			if isVM(backend) {
 				req.MemoryMB = 768
 			}
@@ -186,6 +185,36 @@ func testCDP(t *testing.T, jsDir, backend string) {
 	magenta := color.RGBA{255, 0, 255, 255}
 	if !eventually(20*time.Second, func() bool { return near(pixel(t, c, sb.ID, 512, 600), magenta) }) {
 		t.Errorf("screenshot pixel (512,600) = %v, want magenta", pixel(t, c, sb.ID, 512, 600))
+	}
+
+	// Where the backend pauses, DevTools' listener comes back with the
+	// sandbox: the endpoint answers after a resume, on the same page.
+	if exp, _ := harness.Expected(backend); exp.Pause {
+		if _, err := c.Pause(ctx, sb.ID); err != nil {
+			t.Fatalf("pause a sandbox whose DevTools was driven: %v", err)
+		}
+		if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatalf("resume: %v", err)
+		}
+		ok := eventually(30*time.Second, func() bool { return httpStatus(t, versionURL, "X-API-Key", d.APIKey) == 200 })
+		if !ok {
+			t.Errorf("GET /cdp/json/version after pause and resume: %d, want 200", httpStatus(t, versionURL, "X-API-Key", d.APIKey))
+		}
+		if got := pixel(t, c, sb.ID, 512, 600); !near(got, magenta) {
+			t.Errorf("after pause and resume the page is gone: pixel (512,600) = %v, want magenta", got)
+		}
+	}
+
+	// A create that turns DevTools off gets none.
+	off, err := c.Create(ctx, client.CreateRequest{Backend: backend, Env: map[string]string{"CUBICLE_DEVTOOLS": "0"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := httpStatus(t, d.URL+"/v1/sandboxes/"+off.ID+"/cdp/json/version", "X-API-Key", d.APIKey); code != 503 {
+		t.Errorf("GET /cdp/json/version of a sandbox created with CUBICLE_DEVTOOLS=0: %d, want 503", code)
+	}
+	if err := c.Destroy(ctx, off.ID); err != nil {
+		t.Fatal(err)
 	}
 
 	assertDevToolsLoopbackOnly(t, d, c, sb, other)

@@ -543,9 +543,8 @@ func heldThrough(t *testing.T, tc *testCluster) {
 	if v, err := a.GetVolume(ctx, "held"); err != nil || v.Name != "held" {
 		t.Fatalf("b's volume read through a: %+v, %v", v, err)
 	}
-	// DevTools is off unless a create asks (and such a sandbox cannot
-	// pause on gvisor, which the drain does: this one is gone by then).
-	withVol, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor", Env: map[string]string{"CUBICLE_DEVTOOLS": "1"},
+	// DevTools is on by default (the CDP proxying below).
+	withVol, err := a.Create(ctx, client.CreateRequest{Backend: "gvisor",
 		Volumes: []client.VolumeMount{{Name: "held", Path: "/mnt/held"}}})
 	if err != nil || withVol.Node != "b" {
 		t.Fatalf("create naming b's volume through a: node %q, %v; want b", withVol.Node, err)

@@ -20,7 +20,8 @@ import (
 // resume must be as good as the first), and checks that what ran came
 // back: a process that counts in a shell variable (same pid, the count
 // goes on from where it was, not from 1), a file in memory only
-// (/dev/shm), and the screen. While paused, no process of the box may
+// (/dev/shm), a server listening on the box's loopback (it answers), and
+// the screen. While paused, no process of the box may
 // run. It returns the resumed box, which the rest of the suite uses.
 func (s *suite) pauseResume(t *testing.T, d driver.Driver, sb *sbox) {
 	p, ok := d.(driver.Pauser)
@@ -48,6 +49,22 @@ func (s *suite) pauseResume(t *testing.T, d driver.Driver, sb *sbox) {
 	}
 	shm := "/dev/shm/drivertest-" + sb.nonce
 	exec("mkdir -p /dev/shm && printf %s " + sb.token + " > " + shm)
+	// A server a user started, listening on the box's loopback: it must
+	// answer after each resume (DevTools is one such listener).
+	server, err := sb.client.Background(ctx, agentclient.ExecRequest{Command: `exec python3 -m http.server 8765 --bind 127.0.0.1 --directory /dev/shm`})
+	if err != nil {
+		t.Fatalf("start a server: %v", err)
+	}
+	fetch := `python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8765/drivertest-` + sb.nonce + `', timeout=10).read().decode())"`
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		res, err := sb.client.Exec(ctx, agentclient.ExecRequest{Command: fetch}, nil)
+		if err == nil && res.ExitCode == 0 && strings.TrimSpace(string(res.Stdout)) == sb.token {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server in the box does not answer: %+v %v", res, err)
+		}
+	}
 	count := func() int {
 		t.Helper()
 		// 0 until the counter has written its first value.
@@ -101,6 +118,9 @@ func (s *suite) pauseResume(t *testing.T, d driver.Driver, sb *sbox) {
 		if got := exec("cat " + shm); got != sb.token {
 			t.Errorf("round %d: %s holds %q after resume, want %q", round, shm, got, sb.token)
 		}
+		if res, err := sb.client.Exec(ctx, agentclient.ExecRequest{Command: fetch}, nil); err != nil || res.ExitCode != 0 || strings.TrimSpace(string(res.Stdout)) != sb.token {
+			t.Errorf("round %d: the server the box listened with does not answer after resume: %+v %v", round, res, err)
+		}
 		after := count()
 		if after < before {
 			t.Errorf("round %d: the counter was %d before the pause and is %d after: it started over", round, before, after)
@@ -119,7 +139,7 @@ func (s *suite) pauseResume(t *testing.T, d driver.Driver, sb *sbox) {
 			t.Errorf("round %d: screen pixel %v after resume, %v before", round, got, pixel)
 		}
 	}
-	exec("kill " + strconv.Itoa(int(pid)) + "; rm -f " + shm)
+	exec("kill " + strconv.Itoa(int(pid)) + " " + strconv.Itoa(int(server)) + "; rm -f " + shm)
 }
 
 // pixel is the colour of the screen at the probe point.

@@ -117,9 +117,6 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
-	if err := b.checkpointable(ctx, token); err != nil {
-		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
-	}
 	img := filepath.Join(dir, checkpointDir)
 	if err := os.RemoveAll(img); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
@@ -199,37 +196,6 @@ func (d *Driver) unfreeze(b *box, cause error) error {
 		return errors.Join(cause, fmt.Errorf("resume the box the failed checkpoint left frozen: %w", err))
 	}
 	return cause
-}
-
-// checkpointable checks, before anything is done, what runsc 20221219
-// would refuse to checkpoint — and stop the box for: a TCP connection
-// that is open (Chromium keeps those to the sites it shows for minutes;
-// a live viewer holds one to the box's VNC server). The agent reads the
-// sandbox's own tables.
-func (b *box) checkpointable(ctx context.Context, token string) error {
-	c := agentclient.New(b.DialAgent, token)
-	defer c.Close()
-	res, err := c.Exec(ctx, agentclient.ExecRequest{Argv: []string{"sh", "-c", "cat /proc/net/tcp /proc/net/tcp6 2>/dev/null; true"}}, nil)
-	if err != nil {
-		return fmt.Errorf("read the box's TCP table: %w", err)
-	}
-	conns, err := connectedTCP(string(res.Stdout))
-	if err != nil {
-		return err
-	}
-	if len(conns) == 0 {
-		return nil
-	}
-	var list []string
-	for i, tc := range conns {
-		if i == 5 {
-			list = append(list, fmt.Sprintf("and %d more", len(conns)-5))
-			break
-		}
-		list = append(list, fmt.Sprintf("%s→%s %s", tc.Local, tc.Remote, tc.State))
-	}
-	return fmt.Errorf("%w: it has %d open TCP connection(s) (%s), which runsc %s cannot save; pause once they have closed, or use qemu",
-		driver.ErrNotPausableNow, len(conns), strings.Join(list, ", "), "20221219")
 }
 
 // waitServing waits until the agent answers GET /health on its socket
