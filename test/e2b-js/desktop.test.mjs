@@ -80,11 +80,12 @@ describe('@e2b/desktop SDK, template desktop', { timeout: 15 * 60 * 1000 }, () =
     const info = (await desktop.commands.run('xdpyinfo -display :0')).stdout
     assert.match(info, /dimensions: +1280x800 pixels/)
     assert.match(info, /resolution: +120x120 dots per inch/)
-    // The session _start waited for is XFCE's own: each program's first
-    // mapping is its real executable (a stand-in linked to sleep would be
-    // /usr/bin/sleep). /proc/PID/maps, not the exe link: this machine's
-    // gVisor cannot read /proc/PID/exe.
-    const procs = (await desktop.commands.run(`for p in xfce4-session xfwm4 xfdesktop xfce4-panel; do pid=$(pgrep -o -x $p) && echo "$p $(head -1 /proc/$pid/maps | awk '{print $6}')"; done`)).stdout
+    // The session _start waited for is XFCE's own: each program's
+    // executable is its real one (a stand-in linked to sleep would be
+    // /usr/bin/sleep). (Under Debian's runsc of 2022 /proc/PID/exe could
+    // not be read; under the pinned one a process's first mapping is
+    // gVisor's own trap page, so the exe link is what tells.)
+    const procs = (await desktop.commands.run(`for p in xfce4-session xfwm4 xfdesktop xfce4-panel; do pid=$(pgrep -o -x $p) && echo "$p $(readlink /proc/$pid/exe)"; done`)).stdout
     for (const p of ['xfce4-session', 'xfwm4', 'xfdesktop', 'xfce4-panel']) {
       assert.match(procs, new RegExp(`^${p} /usr/bin/${p}$`, 'm'), `XFCE's ${p} is not running as itself: ${procs}`)
     }

@@ -76,11 +76,12 @@ func testXFCEDesktop(t *testing.T, backend string) {
 		"xfce4-panel": "/usr/bin/xfce4-panel", "xfdesktop": "/usr/bin/xfdesktop", "dbus-daemon": "/usr/bin/dbus-daemon"}
 	var got string
 	if !eventually(60*time.Second, func() bool {
-		// The executable of each: the first mapping of its address
-		// space (a link to sleep named xfwm4 would map /usr/bin/sleep).
-		// Not /proc/PID/exe, which this machine's gVisor cannot read.
+		// The executable of each (a link to sleep named xfwm4 would
+		// be /usr/bin/sleep). Its exe link: under the pinned runsc a
+		// process's first mapping is gVisor's trap page (Debian's runsc
+		// of 2022 could not read the link, and the first mapping told).
 		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{User: "user", Command: `for p in xfce4-session xfwm4 xfce4-panel xfdesktop dbus-daemon; do
-			pid=$(pgrep -o -x $p) && echo "$p $(head -1 /proc/$pid/maps | awk '{print $6}')"; done`})
+			pid=$(pgrep -o -x $p) && echo "$p $(readlink /proc/$pid/exe)"; done`})
 		if err != nil {
 			t.Fatal(err)
 		}
