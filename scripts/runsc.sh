@@ -60,6 +60,9 @@ if ! says_version "$bin"; then
 fi
 if [ "$(readlink "$link" 2>/dev/null)" != "$bin" ]; then
   [ "$(id -u)" -eq 0 ] || { echo "runsc: $link does not point at $bin; run as root" >&2; exit 1; }
-  ln -sfn "$bin" "$link"
+  # A new link beside the old, renamed over it: a cubicled starting
+  # meanwhile finds one runsc or the other, never none.
+  ln -sfn "$bin" "$link.new.$$"
+  mv -T "$link.new.$$" "$link"
   log "$link -> $bin"
 fi

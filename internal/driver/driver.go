@@ -44,8 +44,8 @@ type Driver interface {
 }
 
 // Runtime is the program a backend runs its sandboxes with, for GET
-// /v1/info and `cubicle backends`: an operator reads which runsc a host
-// runs there.
+// /v1/info and `cubicle info`: an operator reads which runsc a host runs
+// there.
 type Runtime struct {
 	Name    string // "runsc", "runc", "qemu-system-x86_64"
 	Path    string

@@ -38,8 +38,9 @@ func saveRoom(rec *record) int64 {
 
 // roomToSave refuses to save rec's box (what names the act) when the
 // data directory has less free space than that may take. Running out
-// midway is worse than not starting: runsc 20221219 ends a sandbox whose
-// checkpoint meets a full disk (a soak lost 40 that way).
+// midway is worse than not starting: the save fails after it has taken
+// the disk's last bytes from every other sandbox (Debian's runsc of 2022
+// also ended the sandbox; a soak lost 40 that way).
 func (m *Manager) roomToSave(rec *record, what string) error {
 	free, err := m.freeBytes(m.cfg.DataDir)
 	if err != nil {

@@ -205,13 +205,25 @@ func testCDP(t *testing.T, jsDir, backend string) {
 		}
 	}
 
-	// A create that turns DevTools off gets none.
+	// A create that turns DevTools off gets none: once its Chromium has
+	// a window (DevTools listens before), nothing listens on the port.
 	off, err := c.Create(ctx, client.CreateRequest{Backend: backend, Env: map[string]string{"CUBICLE_DEVTOOLS": "0"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code := httpStatus(t, d.URL+"/v1/sandboxes/"+off.ID+"/cdp/json/version", "X-API-Key", d.APIKey); code != 503 {
-		t.Errorf("GET /cdp/json/version of a sandbox created with CUBICLE_DEVTOOLS=0: %d, want 503", code)
+	if !eventually(time.Minute, func() bool {
+		ws, err := c.Windows(ctx, off.ID)
+		return err == nil && slices.ContainsFunc(ws, func(w client.Window) bool { return strings.Contains(strings.ToLower(w.Class), "chromium") })
+	}) {
+		t.Fatalf("the sandbox created with CUBICLE_DEVTOOLS=0 shows no Chromium window")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if code := httpStatus(t, d.URL+"/v1/sandboxes/"+off.ID+"/cdp/json/version", "X-API-Key", d.APIKey); code != 503 {
+			t.Errorf("GET /cdp/json/version of a sandbox created with CUBICLE_DEVTOOLS=0: %d, want 503", code)
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 	if err := c.Destroy(ctx, off.ID); err != nil {
 		t.Fatal(err)

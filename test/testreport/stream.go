@@ -202,7 +202,7 @@ func recap(out io.Writer, test, output string) {
 			continue
 		}
 		if len(line) > recapLineSize {
-			line = line[:recapLineSize] + " …"
+			line = strings.ToValidUTF8(line[:recapLineSize], "") + " …"
 		}
 		lines = append(lines, line)
 	}

@@ -124,7 +124,8 @@ func replaceFile(path, content string, mode os.FileMode) error {
 // /dev/urandom bytes meanwhile (a CI run of TestFork saw it). Where the
 // ioctls are refused (no CAP_SYS_ADMIN, or a kernel that is not Linux's:
 // gVisor's urandom is the host's) b is written to the device instead,
-// which mixes it in without credit.
+// which mixes it in without credit. A generator not yet ready (ENODATA)
+// seeds itself from the credited bytes anyway.
 func addEntropy(dev string, b []byte) error {
 	f, err := os.OpenFile(dev, os.O_WRONLY, 0)
 	if err != nil {
@@ -137,7 +138,7 @@ func addEntropy(dev string, b []byte) error {
 	binary.NativeEndian.PutUint32(info[4:], uint32(len(b)))
 	copy(info[8:], b)
 	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDADDENTROPY, uintptr(unsafe.Pointer(&info[0]))); e == 0 {
-		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 && e != unix.EINVAL && e != unix.ENOTTY {
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), unix.RNDRESEEDCRNG, 0); e != 0 && e != unix.EINVAL && e != unix.ENOTTY && e != unix.ENODATA {
 			return fmt.Errorf("entropy: reseed: %w", e)
 		}
 		return nil

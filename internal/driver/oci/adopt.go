@@ -58,7 +58,7 @@ func (d *Driver) probe(ctx context.Context, id string) (containerState, verdict,
 	case err == nil && cs.Status == "running" && cs.Pid > 0:
 		return cs, verdictRunning, nil
 	case err == nil:
-		return cs, verdictGone, nil // stopped (or created, paused: never a serving box)
+		return cs, verdictGone, nil // stopped (or created, or frozen: not a serving box; Adopt resumes a frozen gVisor box)
 	case pctx.Err() == nil && errors.As(err, &exit) && isNotExist(err):
 		// The runtime ran to its end and said so: not a runtime that
 		// could not be started ("executable file not found").

@@ -208,6 +208,14 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 		return deadBox(d, data), nil
 	}
 	cs, v, _ := d.probe(ctx, data.ID)
+	if v == verdictGone && d.isRunsc() && cs.Status == "paused" && cs.Pid > 0 {
+		// Frozen by a pause (pause.go) whose undoing did not happen (a
+		// runsc that failed the resume, a daemon that died in
+		// between): the box is whole, and runs on once resumed.
+		if _, err := d.output(ctx, "resume", data.ID); err == nil {
+			cs, v, _ = d.probe(ctx, data.ID)
+		}
+	}
 	switch v {
 	case verdictGone:
 		return deadBox(d, data), nil

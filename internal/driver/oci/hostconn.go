@@ -13,10 +13,10 @@ import (
 
 // A gVisor box's agent listens on a host socket (--host-uds=create):
 // each connection the daemon opens to it is a host unix stream socket
-// that the sandbox (runsc's sentry process) holds. runsc 20221219 cannot
+// that the sandbox (runsc's sentry process) holds. runsc cannot
 // checkpoint a sandbox that still holds one ("encoding error at object
-// transport.connectionedEndpoint"), and the failed checkpoint ends the
-// sandbox. After the agent has let go of its channel the sentry closes
+// transport.connectionedEndpoint" under Debian's runsc of 2022, whose
+// failed checkpoint also ended the sandbox). After the agent has let go of its channel the sentry closes
 // those sockets on its own time (under load, more than the 100 ms the
 // driver once waited: a soak lost boxes so), so the driver watches them
 // go. The server side of a unix connection lives in the network

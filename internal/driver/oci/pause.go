@@ -35,9 +35,9 @@ import (
 // it was (TestPauseFailureLeavesTheBoxRunning), where a plain checkpoint
 // ends the sandbox whether it succeeds or not.
 //
-// runsc cannot save a host socket, and the agent's channel is
-// one (--host-uds); a checkpoint that meets one fails and stops the box.
-// So the agent lets go of it first (agent.HostListener): the driver asks
+// runsc cannot save a host socket, and the agent's channel is one
+// (--host-uds): a checkpoint that meets one fails (under Debian's runsc
+// of 2022 it also stopped the box). So the agent lets go of it first (agent.HostListener): the driver asks
 // it (agentclient.PrepareCheckpoint), and after a restore (or a
 // checkpoint that failed) sends the agent SIGUSR2 to listen again. While
 // the agent has let go, runsc's gofer, which made the host socket, still
@@ -122,14 +122,18 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
 	aside := b.socketPath() + asideSuffix
-	// thaw makes the agent listen again on a box that runs on.
+	// thaw makes the agent listen again on a box that runs on. It has a
+	// context of its own: the pause's ending may be what failed it, and
+	// a box whose agent does not listen is one nobody reaches.
 	thaw := func(cause error) (driver.Paused, error) {
 		os.RemoveAll(img)
 		if isClosed(b.dead) {
 			os.Remove(aside)
 			return driver.Paused{}, fmt.Errorf("pause %s: %w (the box ended)", id, cause)
 		}
-		if err := d.relisten(ctx, b); err != nil {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := d.relisten(tctx, b); err != nil {
 			cause = errors.Join(cause, fmt.Errorf("agent after a failed pause: %w", err))
 		}
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
@@ -165,18 +169,30 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	// not know of. The save's own pause of the kernel nests inside ours
 	// (gVisor counts them), so the box stays frozen after it.
 	if _, err := d.output(ctx, "pause", id); err != nil {
-		return thaw(err)
+		// A runsc pause killed midway may have frozen the box all the
+		// same.
+		return thaw(d.unfreezeIfFrozen(b, err))
 	}
 	if _, err := d.output(ctx, "checkpoint", "--leave-running", "--image-path", img, id); err != nil {
 		return thaw(d.unfreeze(b, err))
 	}
 	// Saved: end the frozen sandbox and delete what the runtime keeps of
-	// it (its processes, state and cgroups), and nothing of the box.
-	if err := d.deleteContainer(ctx, id); err != nil {
-		return driver.Paused{}, fmt.Errorf("pause %s: delete the checkpointed container: %w", id, err)
+	// it (its processes, state and cgroups), and nothing of the box; on
+	// a context of its own, as a long checkpoint may have used up the
+	// pause's. A delete that fails with the box still there leaves it
+	// running on (the pause failed); one that ended the box, its image
+	// whole, is a pause (Resume deletes what the runtime kept first).
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := d.deleteContainer(ectx, id); err != nil && !isClosed(b.dead) && alive(b.data.Pid) {
+		return thaw(d.unfreezeIfFrozen(b, fmt.Errorf("delete the checkpointed container: %w", err)))
+	}
+	select {
+	case <-b.dead:
+	case <-time.After(10 * time.Second):
 	}
 	if alive(b.data.Pid) {
-		return driver.Paused{}, fmt.Errorf("pause %s: sandbox pid %d still alive after the checkpoint", id, b.data.Pid)
+		return driver.Paused{}, fmt.Errorf("pause %s: sandbox pid %d still alive after the checkpoint and its delete", id, b.data.Pid)
 	}
 	os.Remove(aside)
 	b.stopWatch()
@@ -188,12 +204,31 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 
 // unfreeze resumes box b after a checkpoint that failed with cause, and
 // answers cause (with the resume's error too, when it failed). It runs
-// even when the pause's ctx has ended: a frozen box serves nobody.
+// even when the pause's ctx has ended, on a context of its own, and asks
+// up to three times: a frozen box serves nobody.
 func (d *Driver) unfreeze(b *box, cause error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := d.output(ctx, "resume", b.data.ID); err != nil {
-		return errors.Join(cause, fmt.Errorf("resume the box the failed checkpoint left frozen: %w", err))
+	var err error
+	for range 3 {
+		if _, err = d.output(ctx, "resume", b.data.ID); err == nil {
+			return cause
+		}
+		if cs, serr := d.state(ctx, b.data.ID); serr == nil && cs.Status != "paused" {
+			return cause // it runs (or is gone): nothing to resume
+		}
+		time.Sleep(time.Second)
+	}
+	return errors.Join(cause, fmt.Errorf("resume the box the failed checkpoint left frozen: %w", err))
+}
+
+// unfreezeIfFrozen is unfreeze when the runtime says b is frozen, and
+// cause alone otherwise.
+func (d *Driver) unfreezeIfFrozen(b *box, cause error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if cs, err := d.state(ctx, b.data.ID); err == nil && cs.Status == "paused" {
+		return d.unfreeze(b, cause)
 	}
 	return cause
 }
@@ -446,12 +481,21 @@ func (d *Driver) Settle(ctx context.Context, st driver.State) (driver.Box, *driv
 	}
 	sock := filepath.Join(data.Dir, "run", "agent.sock")
 	cs, v, _ := d.probe(ctx, data.ID)
+	resumed := false
 	if v != verdictRunning && cs.Status == "paused" && cs.Pid > 0 {
 		// Frozen for its checkpoint when the daemon died.
-		if _, err := d.output(ctx, "resume", data.ID); err != nil {
-			return nil, nil, fmt.Errorf("settle %s: resume the frozen box: %w", data.ID, err)
-		}
+		_, rerr := d.output(ctx, "resume", data.ID)
+		resumed = rerr == nil
 		cs, v, _ = d.probe(ctx, data.ID)
+		if rerr != nil && cs.Status == "paused" {
+			return nil, nil, fmt.Errorf("settle %s: resume the frozen box: %w", data.ID, rerr)
+		}
+		// A resume that failed because the box just went (a delete the
+		// dead daemon started) falls through to its image below.
+	}
+	if v != verdictRunning && resumed {
+		// It ran after its image was taken: never a pause now.
+		return nil, nil, fmt.Errorf("settle %s: resumed the frozen box, but the runtime does not say it runs (%q)", data.ID, cs.Status)
 	}
 	if v == verdictRunning {
 		os.RemoveAll(img)

@@ -116,6 +116,9 @@ func TestPauseFailureLeavesTheBoxRunning(t *testing.T) {
 			if err == nil {
 				t.Fatalf("the pause succeeded; the test meant it to fail")
 			}
+			if !strings.Contains(err.Error(), "runsc checkpoint") {
+				t.Fatalf("the pause failed before its checkpoint, not in it: %v", err)
+			}
 			t.Logf("the pause failed, as meant: %v", err)
 			if tc.kill {
 				if pid := <-killed; pid == 0 {

@@ -58,7 +58,7 @@ func (d *Driver) runtimeVersion(ctx context.Context, path string) (string, error
 	defer cancel()
 	out, err := exec.CommandContext(vctx, path, "--version").CombinedOutput() //depcheck:runs /usr/local/libexec/cubicle/runsc runc
 	if err != nil {
-		return "", fmt.Errorf("%s --version failed: %v: %s", path, err, strings.TrimSpace(string(out)))
+		return "", fmt.Errorf("%s --version failed: %w: %s", path, err, strings.TrimSpace(string(out)))
 	}
 	if d.isRunsc() {
 		return checkRunscVersion(string(out))

@@ -2,11 +2,11 @@ package oci
 
 import (
 	"os"
-
-	"github.com/cubicle-dev/cubicle/internal/needs"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/needs"
 )
 
 // TestRunscPathsAgree: the tests gate on the runsc the backend runs.
