@@ -88,6 +88,12 @@ class DesktopTest(unittest.TestCase):
         self.assertTrue(info.version)
         self.assertIn(BACKEND, [b.name for b in info.backends if b.available])
         self.assertGreaterEqual(info.capacity.running, 1)
+        # gvisor and runc name the program they run, with its version.
+        for b in info.backends:
+            if b.name in ("gvisor", "runc") and b.available:
+                self.assertIsNotNone(b.runtime, b)
+                self.assertEqual(b.runtime.name, {"gvisor": "runsc", "runc": "runc"}[b.name])
+                self.assertTrue(b.runtime.version, b.runtime)
 
     def test_get_and_list_filters(self) -> None:
         got = self.c.get(self.sb.id)

@@ -293,6 +293,14 @@ export interface Capabilities {
   [field: string]: unknown;
 }
 
+/** The program a backend runs its sandboxes with (runsc, runc). */
+export interface Runtime {
+  name: string;
+  path: string;
+  /** What the program says of itself; absent when it did not run. */
+  version?: string;
+}
+
 /** One sandbox backend of the daemon. */
 export interface Backend {
   name: string;
@@ -300,6 +308,7 @@ export interface Backend {
   isolation: string;
   reason?: string;
   capabilities?: Capabilities;
+  runtime?: Runtime;
 }
 
 /** One warm pool of the daemon. */

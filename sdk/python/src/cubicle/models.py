@@ -364,6 +364,21 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """The program a backend runs its sandboxes with (runsc, runc)."""
+
+    name: str
+    path: str
+    version: str = ""
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Runtime | None:
+        if not d:
+            return None
+        return cls(name=_str(d.get("name")), path=_str(d.get("path")), version=_str(d.get("version")))
+
+
+@dataclass(frozen=True)
 class Backend:
     """One sandbox backend of the daemon."""
 
@@ -372,6 +387,7 @@ class Backend:
     isolation: str
     reason: str
     capabilities: Capabilities
+    runtime: Runtime | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Backend:
@@ -381,6 +397,7 @@ class Backend:
             isolation=_str(d.get("isolation")),
             reason=_str(d.get("reason")),
             capabilities=Capabilities.from_dict(d.get("capabilities")),
+            runtime=Runtime.from_dict(d.get("runtime")),
         )
 
 
