@@ -33,6 +33,11 @@ type boxData struct {
 	// Netns is the network namespace the box joined ("" for none): a
 	// restore joins it again.
 	Netns string `json:"netns,omitempty"`
+	// Addr and Gateway are the box's address (with its prefix) and its
+	// default route in Netns, which a gVisor restore needs on the
+	// interface again (readdress.go).
+	Addr    string `json:"addr,omitempty"`
+	Gateway string `json:"gateway,omitempty"`
 	// Paused is set while the box is saved in its checkpoint directory.
 	Paused bool `json:"paused,omitempty"`
 }

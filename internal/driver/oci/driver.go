@@ -358,6 +358,12 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
 	data := boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image, Netns: netns}
+	if spec.Net != nil && spec.Net.Addr.IsValid() {
+		data.Addr = spec.Net.Addr.String()
+		if spec.Net.Gateway.IsValid() {
+			data.Gateway = spec.Net.Gateway.String()
+		}
+	}
 	for _, v := range spec.Volumes {
 		data.Volumes = append(data.Volumes, v.Name)
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -362,6 +363,16 @@ func (d *Driver) Resume(ctx context.Context, p driver.Paused) (_ driver.Box, err
 		}
 		err = fmt.Errorf("resume %s: %w\n%s", id, err, hostfile.Tail(filepath.Join(dir, "console.log"), 10))
 	}()
+	if data.Netns != "" && data.Addr != "" {
+		addr, perr := netip.ParsePrefix(data.Addr)
+		if perr != nil {
+			return nil, fmt.Errorf("resume %s: address %q: %w", id, data.Addr, perr)
+		}
+		gw, _ := netip.ParseAddr(data.Gateway) // none: no default route
+		if err := readdress(data.Netns, addr, gw); err != nil {
+			return nil, fmt.Errorf("resume %s: %w", id, err)
+		}
+	}
 	rctx, cancelRun := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancelRun()
 	cmd := d.commandNet(rctx, data.Netns, "restore", "--detach", "--image-path", img, "--pid-file", pidFile, "--bundle", filepath.Join(dir, "bundle"), id)
