@@ -29,7 +29,7 @@ const forkBound = 10 * time.Minute
 func (m *Manager) forker(ctx context.Context, backend string) (driver.Forker, error) {
 	f, ok := m.cfg.Drivers[backend].(driver.Forker)
 	if !ok {
-		return nil, errdefs.New(errdefs.ErrNotSupported, "the %s backend cannot fork sandboxes yet; qemu can", backend)
+		return nil, errdefs.New(errdefs.ErrNotSupported, "the %s backend cannot fork sandboxes; qemu and gvisor can", backend)
 	}
 	if err := f.CanFork(ctx); err != nil {
 		return nil, errdefs.New(errdefs.ErrNotSupported, "the %s backend cannot fork sandboxes on this host: %v", backend, err)

@@ -108,7 +108,7 @@ func (m *Manager) snapshotDir(id string) string {
 func (m *Manager) snapshotter(ctx context.Context, backend string) (driver.Snapshotter, error) {
 	s, ok := m.cfg.Drivers[backend].(driver.Snapshotter)
 	if !ok {
-		return nil, errdefs.New(errdefs.ErrNotSupported, "the %s backend cannot snapshot sandboxes yet; qemu can", backend)
+		return nil, errdefs.New(errdefs.ErrNotSupported, "the %s backend cannot snapshot sandboxes; qemu and gvisor can", backend)
 	}
 	if err := s.CanSnapshot(ctx); err != nil {
 		return nil, errdefs.New(errdefs.ErrNotSupported, "the %s backend cannot snapshot sandboxes on this host: %v", backend, err)

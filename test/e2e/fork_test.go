@@ -18,6 +18,7 @@ import (
 	"github.com/cubicle-dev/cubicle/client"
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
 	"github.com/cubicle-dev/cubicle/internal/driver"
+	"github.com/cubicle-dev/cubicle/internal/driver/oci"
 	"github.com/cubicle-dev/cubicle/internal/driver/qemu"
 	"github.com/cubicle-dev/cubicle/internal/needs"
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
@@ -41,14 +42,14 @@ func forkCount() int {
 }
 
 // TestFork forks a logged-in desktop forkCount times (5 unless
-// CUBICLE_E2E_FORKS says) in one call on real QEMU and checks what makes
-// each fork itself: every fork shows the logged-in page its parent
+// CUBICLE_E2E_FORKS says) in one call, on real QEMU and real gVisor, and
+// checks what makes each fork itself: every fork shows the logged-in page its parent
 // showed, and reloads it from the site (logged in, from its own address);
 // the forks' machine-ids, hostnames and random numbers differ; and, read
-// from the daemon's store and tried on the VMs' agent channels directly,
-// each fork's agent token is refused by every other fork and by the
-// parent. The parent runs on. On gvisor a fork is refused as not
-// supported, and makes nothing.
+// from the daemon's store and tried on the boxes' agent channels
+// directly, each fork's agent token is refused by every other fork and by
+// the parent. The parent runs on. On runc a fork and a snapshot are
+// refused as not supported, with the reason, and make nothing.
 func TestFork(t *testing.T) {
 	if !netpooltest.InOwnNetns(t) {
 		return
@@ -57,15 +58,15 @@ func TestFork(t *testing.T) {
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
 	site := serveLoginSite(t)
 
-	for i, backend := range selectedBackends("qemu", "gvisor") {
+	for i, backend := range selectedBackends("qemu", "gvisor", "runc") {
 		t.Run(backend, func(t *testing.T) {
 			needsBackend(t, backend)
 			d, c := startDaemonArgs(t, backend, "--net", "--net-bridge", "cbfork"+string(rune('0'+i)), "--net-cidr", "10.91."+string(rune('0'+i))+".0/24")
-			if backend == "qemu" {
-				testFork(t, d, c, site)
-			} else {
+			if backend == "runc" {
 				testForkRefused(t, c, backend)
+				return
 			}
+			testFork(t, d, c, site, backend)
 		})
 	}
 }
@@ -77,8 +78,8 @@ func testForkRefused(t *testing.T, c *client.Client, backend string) {
 		t.Fatal(err)
 	}
 	_, err = c.Fork(bg, sb.ID, 2)
-	if client.ErrorCode(err) != client.CodeNotSupported {
-		t.Fatalf("fork on %s: %v, want not_supported", backend, err)
+	if client.ErrorCode(err) != client.CodeNotSupported || !strings.Contains(err.Error(), "CRIU") {
+		t.Fatalf("fork on %s: %v, want not_supported with the reason (CRIU)", backend, err)
 	}
 	if n := len(mustList(t, c)); n != 1 {
 		t.Errorf("the refused fork left %d sandboxes, want the parent alone", n)
@@ -92,9 +93,9 @@ func testForkRefused(t *testing.T, c *client.Client, backend string) {
 	}
 }
 
-func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite) {
+func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite, backend string) {
 	bg := context.Background()
-	parent, err := c.Create(bg, client.CreateRequest{Backend: "qemu", MemoryMB: 1536, StartURL: "http://192.0.2.1:8080/login",
+	parent, err := c.Create(bg, client.CreateRequest{Backend: backend, MemoryMB: 1536, StartURL: "http://192.0.2.1:8080/login",
 		Network: &client.Network{Allow: []string{"192.0.2.1/32"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +116,7 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 	if err != nil {
 		t.Fatalf("fork: %v", err)
 	}
-	t.Logf("%d forks of a logged-in qemu desktop (TCG) in %v", count, time.Since(t0).Round(time.Millisecond))
+	t.Logf("%d forks of a logged-in %s desktop in %v", count, backend, time.Since(t0).Round(time.Millisecond))
 	if len(forks) != count {
 		t.Fatalf("%d forks, want %d", len(forks), count)
 	}
@@ -161,8 +162,11 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 	// Each fork holds its own address, not the parent's, and reaches
 	// the site with it, logged in (the site sees the host's address:
 	// egress is masqueraded).
+	// (gVisor has no /proc/net/fib_trie: there, the address the box
+	// sends from to the site.)
 	local := func(id string) string {
-		return sh(id, `awk '/32 host LOCAL/ {print prev} {prev=$2}' /proc/net/fib_trie | sort -u | tr '\n' ' '`)
+		return sh(id, `if [ -e /proc/net/fib_trie ]; then awk '/32 host LOCAL/ {print prev} {prev=$2}' /proc/net/fib_trie | sort -u | tr '\n' ' '; `+
+			`else python3 -c "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(('192.0.2.1', 8080)); print(s.getsockname()[0])"; fi`)
 	}
 	for _, f := range forks {
 		addrs := strings.Fields(local(f.ID))
@@ -201,10 +205,13 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 	dataDir := filepath.Dir(d.Log)
 	d.Kill9()
 	tokens, states := storedAgents(t, filepath.Join(dataDir, "cubicle.db"))
-	qd := qemu.New(qemu.Config{StateDir: filepath.Join(dataDir, "qemu")})
+	var dr driver.Driver = qemu.New(qemu.Config{StateDir: filepath.Join(dataDir, "qemu")})
+	if backend == "gvisor" {
+		dr = oci.New(oci.Config{Runtime: "runsc", StateDir: filepath.Join(dataDir, "oci", "gvisor")})
+	}
 	all := append([]string{parent.ID}, keys(forks)...)
 	for _, id := range all {
-		box, err := qd.Adopt(bg, states[id])
+		box, err := dr.Adopt(bg, states[id])
 		if err != nil {
 			t.Fatalf("adopt %s: %v", id, err)
 		}
@@ -231,7 +238,7 @@ func testFork(t *testing.T, d *harness.Daemon, c *client.Client, site *loginSite
 		if err := c.Destroy(bg, id); err != nil {
 			t.Fatal(err)
 		}
-		assertNoTrace(t, d, "qemu", id)
+		assertNoTrace(t, d, backend, id)
 	}
 }
 

@@ -12,6 +12,7 @@
 package identity
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -71,7 +72,11 @@ func Apply(c Change, root string) error {
 	var errs []error
 	if c.Hostname != "" {
 		if err := unix.Sethostname([]byte(c.Hostname)); err != nil {
-			errs = append(errs, fmt.Errorf("sethostname: %w", err))
+			// A gVisor box has no CAP_SYS_ADMIN, and needs none here: a
+			// restore gives it the hostname of its own config.
+			if cur, herr := os.Hostname(); herr != nil || cur != c.Hostname {
+				errs = append(errs, fmt.Errorf("sethostname: %w", err))
+			}
 		}
 		if err := replaceFile(filepath.Join(root, "etc/hostname"), c.Hostname+"\n", 0o644); err != nil {
 			errs = append(errs, err)
@@ -156,17 +161,27 @@ func renumber(c Change) error {
 	if err != nil {
 		return err
 	}
-	var link netlink.Link
+	var link, numbered netlink.Link
 	for _, l := range links {
 		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			continue
 		}
 		for _, a := range addrs {
-			if p, ok := netip.AddrFromSlice(a.IP); ok && p.Unmap() == c.OldAddr.Addr() {
+			p, ok := netip.AddrFromSlice(a.IP)
+			if ok && p.Unmap() == c.OldAddr.Addr() {
 				link = l
 			}
+			if ok && p.Unmap() == c.Addr.Addr() {
+				numbered = l
+			}
 		}
+	}
+	if link == nil && numbered != nil && bytes.Equal(numbered.Attrs().HardwareAddr, c.MAC) {
+		// Already the copy's own: a gVisor restore reads the addresses
+		// and MAC of the network namespace it starts in, which are the
+		// copy's.
+		return nil
 	}
 	if link == nil {
 		return fmt.Errorf("no interface holds %s", c.OldAddr)

@@ -48,6 +48,7 @@ type config struct {
 	createTimeout time.Duration
 	readyTimeout  time.Duration
 	freeze        func(ctx context.Context, id string) (thaw func() error, err error)
+	copies        bool
 }
 
 // StateDirs names the directories the driver keeps boxes' state in (its
@@ -95,6 +96,13 @@ func Timeouts(create, ready time.Duration) Option {
 func FreezeDuringHandover(freeze func(ctx context.Context, id string) (thaw func() error, err error)) Option {
 	return func(c *config) { c.freeze = freeze }
 }
+
+// Copies runs the copy checks (copies.go) after PauseResume: Fork and
+// Snapshot of the main box, or a fork's refusal where the driver says
+// it cannot fork. Left off where a boot costs minutes (QEMU under TCG,
+// whose copies test/e2e's TestFork and TestSnapshot check through the
+// daemon).
+func Copies() Option { return func(c *config) { c.copies = true } }
 
 // Screen size of every box the suite makes.
 const (
@@ -161,6 +169,9 @@ func Run(t *testing.T, newDriver Factory, opts ...Option) {
 	t.Run("Actions", func(t *testing.T) { s.actions(t, a) })
 	t.Run("Files", func(t *testing.T) { s.files(t, a) })
 	t.Run("PauseResume", func(t *testing.T) { s.pauseResume(t, d, a) })
+	if cfg.copies {
+		t.Run("Copies", func(t *testing.T) { s.copies(t, d, a) })
+	}
 
 	// adopted is the main box as a restarted daemon sees it; the rest of
 	// the suite talks to the main box through it.

@@ -214,9 +214,10 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 	}
 	cs, v, _ := d.probe(ctx, data.ID)
 	if v == verdictGone && d.isRunsc() && cs.Status == "paused" && cs.Pid > 0 {
-		// Frozen by a pause (pause.go) whose undoing did not happen (a
-		// runsc that failed the resume, a daemon that died in
-		// between): the box is whole, and runs on once resumed.
+		// Frozen by a pause, fork or snapshot (pause.go, copy.go) whose
+		// undoing did not happen (a runsc that failed the resume, a
+		// daemon that died in between): the box is whole, and runs on
+		// once resumed.
 		if _, err := d.output(ctx, "resume", data.ID); err == nil {
 			cs, v, _ = d.probe(ctx, data.ID)
 		}
@@ -230,7 +231,24 @@ func (d *Driver) Adopt(ctx context.Context, st driver.State) (driver.Box, error)
 		return d.adoptUnsure(data), nil
 	}
 	data.Pid = cs.Pid
-	return newBox(d, data), nil
+	b := newBox(d, data)
+	if d.isRunsc() {
+		// A fork or snapshot that a killed daemon cut short leaves its
+		// image (a running box has no other), and may leave the agent
+		// let go of its socket (moved aside): it is told to listen
+		// again.
+		os.RemoveAll(filepath.Join(data.Dir, checkpointDir))
+		if _, err := os.Stat(b.socketPath() + asideSuffix); err == nil {
+			lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := d.relisten(lctx, b)
+			cancel()
+			if err != nil {
+				b.stopWatch()
+				return nil, fmt.Errorf("adopt %s: the agent a cut-short copy left: %w", data.ID, err)
+			}
+		}
+	}
+	return b, nil
 }
 
 // deadBox returns the handle of a container that is gone: Wait is closed,

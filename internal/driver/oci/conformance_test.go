@@ -27,7 +27,7 @@ func TestConformance(t *testing.T) {
 					t.Errorf("final Cleanup: %v", err)
 				}
 			})
-			drivertest.Run(t, func(*testing.T) driver.Driver { return oci.New(cfg) }, drivertest.StateDirs(cfg.StateDir))
+			drivertest.Run(t, func(*testing.T) driver.Driver { return oci.New(cfg) }, drivertest.StateDirs(cfg.StateDir), drivertest.Copies())
 		})
 	}
 }

@@ -266,61 +266,8 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	var cu cleanup.Stack
 	defer cu.Run()
 
-	if err := os.MkdirAll(d.cfg.StateDir, 0o700); err != nil {
-		return nil, err
-	}
-	dir := d.boxDir(spec.ID)
-	if sock := filepath.Join(dir, "run", "agent.sock"); len(sock) > maxSocketPath {
-		return nil, fmt.Errorf("create %s: agent socket path %s is longer than %d bytes; use a shorter state directory", spec.ID, sock, maxSocketPath)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("create %s: sandbox directory %s already exists", spec.ID, dir)
-		}
-		return nil, err
-	}
-	cu.Add(func() { removeBoxDir(dir) })
-	bundle := filepath.Join(dir, "bundle")
-	rootfs := filepath.Join(bundle, "rootfs")
-	runDir := filepath.Join(dir, "run")
-	layer := filepath.Join(dir, "layer")
-	for _, p := range []string{layer, rootfs, runDir} {
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if d.cfg.DiskMB > 0 {
-		if err := mountDisk(ctx, filepath.Join(dir, "disk.ext4"), layer, d.cfg.DiskMB); err != nil {
-			return nil, fmt.Errorf("create %s: %w", spec.ID, err)
-		}
-	}
-	upper, work := filepath.Join(layer, "upper"), filepath.Join(layer, "work")
-	for _, p := range []string{upper, work} {
-		if err := os.Mkdir(p, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	if err := mountOverlay(spec.Image, upper, work, rootfs); err != nil {
-		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
-	}
-	if err := makeMountPoints(rootfs); err != nil {
-		return nil, fmt.Errorf("create %s: prepare rootfs: %w", spec.ID, err)
-	}
-	if spec.Net != nil {
-		if err := writeNetFiles(rootfs, spec); err != nil {
-			return nil, fmt.Errorf("create %s: network files: %w", spec.ID, err)
-		}
-	}
-	if err := mountVolumes(ctx, dir, spec.Image, rootfs, spec.Volumes); err != nil {
-		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
-	}
-	sp := ociSpec(spec, rootfs, runDir, d.cfg.AgentBinary, !d.isRunsc())
-	sp.Mounts = append(sp.Mounts, volumeMounts(dir, spec.Volumes)...)
-	cfg, err := json.MarshalIndent(sp, "", "  ")
+	dir, bundle, err := d.prepare(ctx, spec, &cu)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
 		return nil, err
 	}
 
@@ -357,23 +304,99 @@ func (d *Driver) Create(ctx context.Context, spec driver.Spec) (_ driver.Box, er
 	if err != nil {
 		return nil, fmt.Errorf("create %s: %w", spec.ID, err)
 	}
-	data := boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image, Netns: netns}
-	if spec.Net != nil && spec.Net.Addr.IsValid() {
-		data.Addr = spec.Net.Addr.String()
-		if spec.Net.Gateway.IsValid() {
-			data.Gateway = spec.Net.Gateway.String()
-		}
-	}
-	for _, v := range spec.Volumes {
-		data.Volumes = append(data.Volumes, v.Name)
-	}
-	b := newBox(d, data)
+	b := newBox(d, d.dataOf(spec, dir, pid))
 	cu.Add(func() { b.stopWatch() })
 	if err := b.waitAgent(ctx); err != nil {
 		return nil, fmt.Errorf("create %s: %w\n%s", spec.ID, err, hostfile.Tail(filepath.Join(dir, "console.log"), 20))
 	}
 	cu.Release()
 	return b, nil
+}
+
+// dataOf is what the store keeps of box spec, started in dir as pid.
+func (d *Driver) dataOf(spec driver.Spec, dir string, pid int) boxData {
+	data := boxData{ID: spec.ID, Runtime: d.cfg.Runtime, Pid: pid, Dir: dir, Image: spec.Image}
+	if spec.Net != nil {
+		data.Netns = spec.Net.Netns
+		if spec.Net.Addr.IsValid() {
+			data.Addr = spec.Net.Addr.String()
+			if spec.Net.Gateway.IsValid() {
+				data.Gateway = spec.Net.Gateway.String()
+			}
+		}
+	}
+	for _, v := range spec.Volumes {
+		data.Volumes = append(data.Volumes, v.Name)
+	}
+	return data
+}
+
+// prepare makes the directory of box spec.ID, its writable layer (on its
+// own disk with a disk limit), its rootfs overlay of spec.Image with the
+// mount points and network files in it, its volumes, and its bundle's
+// config.json; and returns the directory and the bundle. cu gets what
+// undoes each step.
+func (d *Driver) prepare(ctx context.Context, spec driver.Spec, cu *cleanup.Stack) (dir, bundle string, err error) {
+	if err := os.MkdirAll(d.cfg.StateDir, 0o700); err != nil {
+		return "", "", err
+	}
+	dir = d.boxDir(spec.ID)
+	if sock := filepath.Join(dir, "run", "agent.sock"); len(sock) > maxSocketPath {
+		return "", "", fmt.Errorf("create %s: agent socket path %s is longer than %d bytes; use a shorter state directory", spec.ID, sock, maxSocketPath)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return "", "", fmt.Errorf("create %s: sandbox directory %s already exists", spec.ID, dir)
+		}
+		return "", "", err
+	}
+	made := dir // dir is "" once an error is returned
+	cu.Add(func() { removeBoxDir(made) })
+	bundle = filepath.Join(dir, "bundle")
+	rootfs := filepath.Join(bundle, "rootfs")
+	runDir := filepath.Join(dir, "run")
+	layer := filepath.Join(dir, "layer")
+	for _, p := range []string{layer, rootfs, runDir} {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	if d.cfg.DiskMB > 0 {
+		if err := mountDisk(ctx, filepath.Join(dir, "disk.ext4"), layer, d.cfg.DiskMB); err != nil {
+			return "", "", fmt.Errorf("create %s: %w", spec.ID, err)
+		}
+	}
+	upper, work := filepath.Join(layer, "upper"), filepath.Join(layer, "work")
+	for _, p := range []string{upper, work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	if err := mountOverlay(spec.Image, upper, work, rootfs); err != nil {
+		return "", "", fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	if err := makeMountPoints(rootfs); err != nil {
+		return "", "", fmt.Errorf("create %s: prepare rootfs: %w", spec.ID, err)
+	}
+	if spec.Net != nil {
+		if err := writeNetFiles(rootfs, spec); err != nil {
+			return "", "", fmt.Errorf("create %s: network files: %w", spec.ID, err)
+		}
+	}
+	if err := mountVolumes(ctx, dir, spec.Image, rootfs, spec.Volumes); err != nil {
+		return "", "", fmt.Errorf("create %s: %w", spec.ID, err)
+	}
+	sp := ociSpec(spec, rootfs, runDir, d.cfg.AgentBinary, !d.isRunsc())
+	sp.Mounts = append(sp.Mounts, volumeMounts(dir, spec.Volumes)...)
+	cfg, err := json.MarshalIndent(sp, "", "  ")
+	if err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), cfg, 0o600); err != nil {
+		return "", "", err
+	}
+
+	return dir, bundle, nil
 }
 
 // makeMountPoints creates the targets of the box's bind mounts in the

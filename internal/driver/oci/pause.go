@@ -114,68 +114,13 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 		ctx, cancel = context.WithTimeout(ctx, 5*time.Minute)
 		defer cancel()
 	}
-	token, err := b.token()
-	if err != nil {
-		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
-	}
 	img := filepath.Join(dir, checkpointDir)
-	if err := os.RemoveAll(img); err != nil {
+	if err := d.save(ctx, b, img); err != nil {
 		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
 	}
 	aside := b.socketPath() + asideSuffix
-	// thaw makes the agent listen again on a box that runs on. It has a
-	// context of its own: the pause's ending may be what failed it, and
-	// a box whose agent does not listen is one nobody reaches.
 	thaw := func(cause error) (driver.Paused, error) {
-		os.RemoveAll(img)
-		if isClosed(b.dead) {
-			os.Remove(aside)
-			return driver.Paused{}, fmt.Errorf("pause %s: %w (the box ended)", id, cause)
-		}
-		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		if err := d.relisten(tctx, b); err != nil {
-			cause = errors.Join(cause, fmt.Errorf("agent after a failed pause: %w", err))
-		}
-		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, cause)
-	}
-	if err := os.Rename(b.socketPath(), aside); err != nil {
-		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, err)
-	}
-	c := agentclient.New(func(ctx context.Context) (net.Conn, error) {
-		var dl net.Dialer
-		return dl.DialContext(ctx, "unix", aside)
-	}, token)
-	err = c.PrepareCheckpoint(ctx)
-	c.Close()
-	if err != nil {
-		return thaw(err)
-	}
-	// The agent closed its listener and every connection before the
-	// answer's connection closed; the sandbox lets go of its ends of
-	// those on its own time (hostconn.go).
-	if err := b.waitLetGo(ctx, 10*time.Second); errors.Is(err, errCannotWatch) {
-		time.Sleep(500 * time.Millisecond) // cannot watch: give it time
-	} else if err != nil {
-		return thaw(fmt.Errorf("%w: %v; the box runs on", driver.ErrNotPausableNow, err))
-	}
-	if err := os.Mkdir(img, 0o700); err != nil {
-		return thaw(err)
-	}
-	// Frozen first, then saved with --leave-running: a checkpoint that
-	// fails (a full disk, a kill of runsc, a fault of its own) then
-	// leaves the sandbox as it was, instead of ending it as a plain
-	// checkpoint does either way; and the sandbox cannot run between the
-	// save and its end, so the disk holds nothing the saved memory does
-	// not know of. The save's own pause of the kernel nests inside ours
-	// (gVisor counts them), so the box stays frozen after it.
-	if _, err := d.output(ctx, "pause", id); err != nil {
-		// A runsc pause killed midway may have frozen the box all the
-		// same.
-		return thaw(d.unfreezeIfFrozen(b, err))
-	}
-	if _, err := d.output(ctx, "checkpoint", "--leave-running", "--image-path", img, id); err != nil {
-		return thaw(d.unfreeze(b, err))
+		return driver.Paused{}, fmt.Errorf("pause %s: %w", id, d.thaw(ctx, b, img, cause))
 	}
 	// Saved: end the frozen sandbox and delete what the runtime keeps of
 	// it (its processes, state and cgroups), and nothing of the box; on
@@ -201,6 +146,85 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	data := b.data
 	data.Paused, data.Pid = true, 0
 	return driver.Paused{State: stateOf(d, data), Bytes: pausedBytes(dir)}, nil
+}
+
+// save checkpoints the running gVisor box b into img, a directory it
+// makes, and leaves b frozen, its agent no longer listening: the caller
+// ends it (a pause) or thaws it (a copy). On error b runs on as before,
+// its agent listening again, and img is gone.
+func (d *Driver) save(ctx context.Context, b *box, img string) error {
+	token, err := b.token()
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(img); err != nil {
+		return err
+	}
+	aside := b.socketPath() + asideSuffix
+	if err := os.Rename(b.socketPath(), aside); err != nil {
+		return err
+	}
+	c := agentclient.New(func(ctx context.Context) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", aside)
+	}, token)
+	err = c.PrepareCheckpoint(ctx)
+	c.Close()
+	if err != nil {
+		return d.thaw(ctx, b, img, err)
+	}
+	// The agent closed its listener and every connection before the
+	// answer's connection closed; the sandbox lets go of its ends of
+	// those on its own time (hostconn.go).
+	if err := b.waitLetGo(ctx, 10*time.Second); errors.Is(err, errCannotWatch) {
+		time.Sleep(500 * time.Millisecond) // cannot watch: give it time
+	} else if err != nil {
+		return d.thaw(ctx, b, img, fmt.Errorf("%w: %v; the box runs on", driver.ErrNotPausableNow, err))
+	}
+	if err := os.Mkdir(img, 0o700); err != nil {
+		return d.thaw(ctx, b, img, err)
+	}
+	// Frozen first, then saved with --leave-running: a checkpoint that
+	// fails (a full disk, a kill of runsc, a fault of its own) then
+	// leaves the sandbox as it was, instead of ending it as a plain
+	// checkpoint does either way; and the sandbox cannot run between the
+	// save and its end, so the disk holds nothing the saved memory does
+	// not know of. The save's own pause of the kernel nests inside ours
+	// (gVisor counts them), so the box stays frozen after it.
+	if _, err := d.output(ctx, "pause", b.data.ID); err != nil {
+		// A runsc pause killed midway may have frozen the box all the
+		// same.
+		return d.thaw(ctx, b, img, d.unfreezeIfFrozen(b, err))
+	}
+	if _, err := d.output(ctx, "checkpoint", "--leave-running", "--image-path", img, b.data.ID); err != nil {
+		return d.thaw(ctx, b, img, d.unfreeze(b, err))
+	}
+	return nil
+}
+
+// thaw makes the agent of box b listen again after a save that failed
+// with cause, or that b outlives (cause nil), and answers cause (with
+// what failed here too). img is removed, unless it is "" (a save that
+// is kept). It has a context of its own: the save's ending may be what
+// failed it, and a box whose agent does not listen is one nobody
+// reaches.
+func (d *Driver) thaw(ctx context.Context, b *box, img string, cause error) error {
+	if img != "" {
+		os.RemoveAll(img)
+	}
+	if isClosed(b.dead) {
+		os.Remove(b.socketPath() + asideSuffix)
+		return fmt.Errorf("%w (the box ended)", cause)
+	}
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := d.relisten(tctx, b); err != nil {
+		if cause == nil {
+			return fmt.Errorf("agent after the copy: %w", err)
+		}
+		cause = errors.Join(cause, fmt.Errorf("agent after a failed pause: %w", err))
+	}
+	return cause
 }
 
 // unfreeze resumes box b after a checkpoint that failed with cause, and
