@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,40 +15,37 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/netpool/netpooltest"
 )
 
-// TestSnapshot takes a snapshot of a logged-in desktop on real QEMU,
-// destroys the desktop, and starts sandboxes from the snapshot, as a user
-// would to "log in once, start ready many times": each shows the
-// logged-in page and reloads it from the site logged in; each has the
-// file written before the snapshot and none written after; their
-// machine-ids and addresses are their own; the snapshot survives a kill
-// -9 of cubicled (and another sandbox starts from it after the restart);
-// bad requests are refused and change nothing; deleting the snapshot
-// removes its files while the sandboxes from it run on, and destroying
-// those leaves nothing. (gvisor's refusal: TestFork.)
+// TestSnapshot takes a snapshot of a logged-in desktop, on real QEMU and
+// real gVisor, destroys the desktop, and starts sandboxes from the
+// snapshot, as a user would to "log in once, start ready many times":
+// each shows the logged-in page and reloads it from the site logged in;
+// each has the file written before the snapshot and none written after;
+// their machine-ids and addresses are their own; the snapshot survives a
+// kill -9 of cubicled (and another sandbox starts from it after the
+// restart); bad requests are refused and change nothing; deleting the
+// snapshot removes its files while the sandboxes from it run on, and
+// destroying those leaves nothing. (runc's refusal: TestFork.)
 func TestSnapshot(t *testing.T) {
-	// Only qemu snapshots (driver.Snapshotter). A run whose
-	// CUBICLE_E2E_BACKEND names other backends (make e2e
-	// BACKEND=firecracker) chose to test those: this test has nothing to
-	// check there, and says so by skipping. That is the run's selection,
-	// not a missing precondition of the host, so it is no needs gate:
-	// CUBICLE_REQUIRE_E2E=1 must not fail such a run. make test sets no
-	// CUBICLE_E2E_BACKEND, so it always selects qemu and never gets here;
-	// what qemu needs is needsBackend's gate below.
-	if !slices.Contains(selectedBackends("qemu"), "qemu") {
-		t.Skip("snapshots are qemu's; CUBICLE_E2E_BACKEND names no qemu")
-	}
 	if !netpooltest.InOwnNetns(t) {
 		return
 	}
 	needs.Command(t, "nft")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	needsBackend(t, "qemu")
 	site := serveLoginSite(t)
-	d, c := startDaemonArgs(t, "qemu", "--net", "--net-bridge", "cbsnap0", "--net-cidr", "10.92.0.0/24")
+	for i, backend := range selectedBackends("qemu", "gvisor") {
+		t.Run(backend, func(t *testing.T) {
+			needsBackend(t, backend)
+			testSnapshot(t, site, backend, i)
+		})
+	}
+}
+
+func testSnapshot(t *testing.T, site *loginSite, backend string, i int) {
+	d, c := startDaemonArgs(t, backend, "--net", "--net-bridge", "cbsnap"+strconv.Itoa(i), "--net-cidr", "10.92."+strconv.Itoa(i)+".0/24")
 	bg := context.Background()
 	dataDir := filepath.Dir(d.Log)
 
-	src, err := c.Create(bg, client.CreateRequest{Backend: "qemu", StartURL: "http://192.0.2.1:8080/login",
+	src, err := c.Create(bg, client.CreateRequest{Backend: backend, StartURL: "http://192.0.2.1:8080/login",
 		Network: &client.Network{Allow: []string{"192.0.2.1/32"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -73,8 +71,8 @@ func TestSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatalf("snapshot: %v", err)
 	}
-	t.Logf("snapshot of a logged-in qemu desktop (TCG) in %v: %d MiB", time.Since(t0).Round(time.Millisecond), snap.SizeBytes>>20)
-	if snap.SandboxID != src.ID || snap.Name != "alice-in" || snap.Backend != "qemu" || snap.SizeBytes < 10<<20 || snap.Metadata["site"] != "192.0.2.1" {
+	t.Logf("snapshot of a logged-in %s desktop in %v: %d MiB", backend, time.Since(t0).Round(time.Millisecond), snap.SizeBytes>>20)
+	if snap.SandboxID != src.ID || snap.Name != "alice-in" || snap.Backend != backend || snap.SizeBytes < 10<<20 || snap.Metadata["site"] != "192.0.2.1" {
 		t.Errorf("snapshot %+v", snap)
 	}
 	// The source runs on, and what it does from now on is its own.
@@ -149,7 +147,7 @@ func TestSnapshot(t *testing.T) {
 		if err != nil {
 			t.Fatalf("create from the snapshot: %v", err)
 		}
-		t.Logf("create from the snapshot (TCG): %v", time.Since(t0).Round(time.Millisecond))
+		t.Logf("create from the snapshot on %s: %v", backend, time.Since(t0).Round(time.Millisecond))
 		check(sb)
 		made = append(made, sb)
 	}
@@ -192,7 +190,7 @@ func TestSnapshot(t *testing.T) {
 	if err := c.Destroy(bg, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	assertNoTrace(t, d, "qemu", sb.ID)
+	assertNoTrace(t, d, backend, sb.ID)
 	if _, err := c.Pause(bg, child.ID); err != nil {
 		t.Fatalf("pause the fork once its parent is gone: %v", err)
 	}
@@ -231,7 +229,7 @@ func TestSnapshot(t *testing.T) {
 		if err := c.Destroy(bg, sb.ID); err != nil {
 			t.Fatal(err)
 		}
-		assertNoTrace(t, d, "qemu", sb.ID)
+		assertNoTrace(t, d, backend, sb.ID)
 	}
-	assertNoTrace(t, d, "qemu", src.ID)
+	assertNoTrace(t, d, backend, src.ID)
 }

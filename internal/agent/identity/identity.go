@@ -177,10 +177,11 @@ func renumber(c Change) error {
 			}
 		}
 	}
-	if link == nil && numbered != nil && bytes.Equal(numbered.Attrs().HardwareAddr, c.MAC) {
+	if numbered != nil && bytes.Equal(numbered.Attrs().HardwareAddr, c.MAC) && (link == nil || c.OldAddr.Addr() == c.Addr.Addr()) {
 		// Already the copy's own: a gVisor restore reads the addresses
 		// and MAC of the network namespace it starts in, which are the
-		// copy's.
+		// copy's (the old address too, when the copy was given the
+		// address its source had).
 		return nil
 	}
 	if link == nil {
