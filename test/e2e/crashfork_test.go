@@ -17,7 +17,7 @@ import (
 )
 
 // TestCrashFork kills cubicled with -9 at random points of forks of a
-// running qemu desktop (CUBICLE_CRASH_FORK_ROUNDS times, default 4) and
+// running qemu or gvisor desktop (CUBICLE_CRASH_FORK_ROUNDS times, default 4) and
 // restarts it. Then the same for snapshots (CUBICLE_CRASH_SNAPSHOT_ROUNDS
 // kills during snapshots of the parent and as many during creates from a
 // snapshot, default 3 each). The kills of each kind fall in successive
@@ -26,7 +26,8 @@ import (
 // re-keyed).
 //
 // What a user may lose, from the recovery paths (Manager.recover, the
-// qemu driver's Adopt, which thaws a VM a fork or snapshot left stopped),
+// drivers' Adopt, which thaws a box a fork or snapshot left stopped, and
+// for gVisor has its agent listen again and removes the copy's image),
 // and what each round asserts, no more:
 //
 //   - The parent: nothing. It is running, with its memory, processes and
@@ -50,15 +51,15 @@ func TestCrashFork(t *testing.T) {
 	}
 	needs.Command(t, "nft")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
-	for _, backend := range selectedBackends("qemu") {
+	for i, backend := range selectedBackends("qemu", "gvisor") {
 		t.Run(backend, func(t *testing.T) {
 			needsBackend(t, backend)
-			testCrashFork(t, backend)
+			testCrashFork(t, backend, i)
 		})
 	}
 }
 
-func testCrashFork(t *testing.T, backend string) {
+func testCrashFork(t *testing.T, backend string, i int) {
 	rounds := 4
 	if s := os.Getenv("CUBICLE_CRASH_FORK_ROUNDS"); s != "" {
 		n, err := strconv.Atoi(s)
@@ -67,7 +68,7 @@ func testCrashFork(t *testing.T, backend string) {
 		}
 		rounds = n
 	}
-	d, c := startDaemonArgs(t, backend, "--net", "--net-bridge", "cbcrashf", "--net-cidr", "10.89.40.0/24")
+	d, c := startDaemonArgs(t, backend, "--net", "--net-bridge", "cbcrashf"+strconv.Itoa(i), "--net-cidr", "10.89."+strconv.Itoa(40+i)+".0/24")
 	dataDir := filepath.Dir(d.Log)
 	ctx := context.Background()
 	parent, err := c.Create(ctx, client.CreateRequest{Backend: backend, Resolution: &client.Resolution{Width: 800, Height: 600},
