@@ -61,6 +61,12 @@ func (m *Manager) Fork(ctx context.Context, id, owner string, count int) ([]Sand
 	}
 	e.op.Lock() // no pause, resume or stop of the parent meanwhile
 	defer e.op.Unlock()
+	m.mu.Lock()
+	was := *e.rec
+	m.mu.Unlock()
+	if err := m.roomToSave(&was, "forking"); err != nil {
+		return nil, err // before anything is made
+	}
 
 	now := m.cfg.Clock.Now()
 	m.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,6 +186,13 @@ func TestForkRefusals(t *testing.T) {
 	if _, err := m.Fork(ctx, "nope", "", 1); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("unknown sandbox: %v", err)
 	}
+	// No room for the parent's image: refused before anything is made.
+	m.freeBytes = func(string) (int64, error) { return 1 << 20, nil }
+	if _, err := m.Fork(ctx, parent.ID, "", 1); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "data directory is full") {
+		t.Errorf("fork on a full data directory: %v, want unavailable saying so", err)
+	}
+	m.freeBytes = freeSpace
+	nothingMade("a fork on a full data directory")
 	fd.forkErr = errors.New("fake: migration failed")
 	if _, err := m.Fork(ctx, parent.ID, "", 2); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("failed fork: %v", err)

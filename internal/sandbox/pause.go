@@ -22,11 +22,12 @@ const DefaultPausedLifetime = 7 * 24 * time.Hour
 const pauseBound = 5 * time.Minute
 
 // saveRoom is the free space on the data directory that saving rec's
-// box to disk (a pause, a snapshot) may take: a VM's memory image is up
-// to its memory; a gVisor checkpoint is its sandbox's memory,
-// compressed (tens of MiB for a desktop).
+// box to disk (a pause, a snapshot, a fork's image) may take: a VM's
+// memory image is up to its memory, and so is a gVisor checkpoint (the
+// Sentry's memory, uncompressed, the files the box wrote among it: about
+// 200 MiB for an idle desktop). runc boxes are never saved.
 func saveRoom(rec *record) int64 {
-	if rec.Sandbox.Isolation != driver.IsolationVM {
+	if rec.Sandbox.Isolation == driver.IsolationNamespace {
 		return 256 << 20
 	}
 	mb := int64(rec.Request.MemoryMB)
