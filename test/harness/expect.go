@@ -15,7 +15,7 @@ import (
 // cannot would otherwise have its pause tests skipped, and pass.
 type Capabilities struct {
 	Pause    bool
-	Snapshot bool // and fork: the daemon forks where it snapshots (qemu)
+	Snapshot bool // and fork: the daemon forks where it snapshots (qemu, gvisor)
 	Volumes  bool
 }
 
@@ -34,7 +34,7 @@ type Capabilities struct {
 // runc pause exists and is tested; then this row becomes "pause where
 // `criu check` passes", and the check here runs it.
 var expected = map[string]Capabilities{
-	"gvisor":      {Pause: true, Volumes: true},
+	"gvisor":      {Pause: true, Snapshot: true, Volumes: true},
 	"runc":        {Volumes: true},
 	"qemu":        {Pause: true, Snapshot: true, Volumes: true},
 	"firecracker": {Pause: true, Volumes: true},

@@ -214,10 +214,31 @@ class DesktopTest(unittest.TestCase):
         self.assertEqual((ua.exception.status, ua.exception.code), (401, "unauthorized"))
         self.assertEqual(wrong.health()["status"], "ok")  # no key needed
 
-        if BACKEND != "qemu":
-            # Only qemu forks (README: the others answer 409 not_supported).
+        if BACKEND == "runc":
+            # runc does not fork (README: it answers 409 not_supported).
             with self.assertRaises(cubicle.NotSupportedError):
                 self.c.fork(self.sb.id, 1)
+
+    def test_fork_and_snapshot(self) -> None:
+        if BACKEND == "runc":
+            self.skipTest("runc does not copy (test_errors)")
+        self.c.exec(self.sb.id, command="echo " + self.run_id + " > ~/sdk-copy")
+        (f,) = self.c.fork(self.sb.id, 1)
+        try:
+            self.assertEqual(f.state, "running")
+            self.assertNotEqual(f.id, self.sb.id)
+            self.assertEqual(self.c.exec(f.id, command="cat ~/sdk-copy").stdout, self.run_id + "\n")
+        finally:
+            self.c.destroy(f.id)
+        snap = self.c.create_snapshot(self.sb.id, name="py-" + self.run_id)
+        try:
+            c = self.c.create(from_snapshot=snap.id)
+            try:
+                self.assertEqual(self.c.exec(c.id, command="cat ~/sdk-copy").stdout, self.run_id + "\n")
+            finally:
+                self.c.destroy(c.id)
+        finally:
+            self.c.delete_snapshot(snap.id)
 
     def test_timeout_and_view(self) -> None:
         sb = self.c.set_timeout(self.sb.id, 1200)

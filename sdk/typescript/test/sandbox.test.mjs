@@ -273,10 +273,37 @@ function realDaemonSuite() {
           return true;
         });
       }
-      if (sb.backend === "gvisor") {
-        // gVisor here cannot fork or snapshot; the daemon says so honestly.
+      if (sb.backend === "runc") {
+        // runc cannot fork or snapshot; the daemon says so honestly.
         await assert.rejects(cubicle.fork(sb.id, 1), NotSupportedError);
         await assert.rejects(cubicle.createSnapshot(sb.id, { name: "s-" + run }), NotSupportedError);
+      }
+    });
+
+    test("fork and snapshot: a copy holds the file the sandbox wrote", async (t) => {
+      if (sb.backend === "runc") {
+        t.skip("runc does not copy (above)");
+        return;
+      }
+      await cubicle.exec(sb.id, { command: `echo ${run} > ~/sdk-copy` });
+      const [f] = await cubicle.fork(sb.id, 1);
+      try {
+        assert.equal(f.state, "running");
+        assert.notEqual(f.id, sb.id);
+        assert.equal((await cubicle.exec(f.id, { command: "cat ~/sdk-copy" })).stdout, `${run}\n`);
+      } finally {
+        await cubicle.destroy(f.id);
+      }
+      const snap = await cubicle.createSnapshot(sb.id, { name: "s-" + run });
+      try {
+        const c = await cubicle.create({ from_snapshot: snap.id });
+        try {
+          assert.equal((await cubicle.exec(c.id, { command: "cat ~/sdk-copy" })).stdout, `${run}\n`);
+        } finally {
+          await cubicle.destroy(c.id);
+        }
+      } finally {
+        await cubicle.deleteSnapshot(snap.id);
       }
     });
 
