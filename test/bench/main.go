@@ -42,8 +42,8 @@ func main() {
 	onlyPause := flag.Bool("only-pause", false, "measure only pause, resume and cold create of the backends that pause, and rewrite only that section of -out")
 	onlyPool := flag.Bool("only-pool", false, "measure only create-to-ready cold and from a warm pool on -backend, and rewrite only that section of -out")
 	nPool := flag.Int("n-pool", 20, "creates from the warm pool (and cold ones) measured")
-	onlyFork := flag.Bool("only-fork", false, "measure only qemu forks of 1 and of 10, snapshots and creates from a snapshot, against cold creates, and rewrite only those sections of -out")
-	nFork := flag.Int("n-fork", 3, "forks of 1 (and cold creates) measured on qemu")
+	onlyFork := flag.Bool("only-fork", false, "measure only gvisor and qemu forks of 1 and of 10, snapshots and creates from a snapshot, against cold creates, and rewrite only those sections of -out")
+	nFork := flag.Int("n-fork", 3, "forks of 1 (and cold creates) measured on gvisor and qemu")
 	onlyShot := flag.Bool("only-screenshot", false, "measure only native screenshots against scrot on one -backend sandbox, and rewrite only that section of -out")
 	onlyStep := flag.Bool("only-agent-step", false, "measure only an agent's step (act + settled screenshot in one call, two calls, a fixed 2 s sleep) and screenshot bytes at model sizes on one -backend sandbox, and rewrite only that section of -out")
 	nStep := flag.Int("n-step", 20, "agent steps measured each way")
@@ -69,7 +69,7 @@ func main() {
 	case *onlyStep:
 		err = runAgentStep(*imageDir, *backend, *out, *nStep)
 	case *onlyFork:
-		err = runFork(*imageDir, *out, *nFork)
+		err = runFork(*imageDir, *out, strings.Split(*backends, ","), *nFork)
 	case *onlyPool:
 		err = runPool(*imageDir, *backend, *out, *nPool)
 	case *onlyPause:
@@ -302,12 +302,11 @@ func run(imageDir, backend, second, out string, n, nSub int, cc createConfig) er
 			return err
 		}
 	}
-	if cc.nFork > 0 && slices.Contains(cc.backends, "qemu") {
-		fr := measureFork(ctx, imageDir, "qemu", cc.nFork, 10)
-		if err := harness.ReplaceSection(out, "snapshot", snapshotReport(fr)); err != nil {
+	if frs := measureForks(ctx, imageDir, cc.backends, cc.nFork, 10); len(frs) > 0 {
+		if err := harness.ReplaceSection(out, "snapshot", snapshotReport(frs)); err != nil {
 			return err
 		}
-		if err := harness.ReplaceSection(out, "fork", forkReport(fr)); err != nil {
+		if err := harness.ReplaceSection(out, "fork", forkReport(frs)); err != nil {
 			return err
 		}
 	}
