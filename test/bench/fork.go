@@ -180,7 +180,7 @@ func forkReport(frs []forkResult) string {
 			ms(fr.one.pct(.5)), ms(fr.one.pct(.95)), len(fr.one.samples), ms(many), ms(many/time.Duration(fr.manyN)),
 			float64(fr.cold.pct(.5))/float64(fr.one.pct(.5)))
 	}
-	b.WriteString("\nOn gvisor the parent stands still while runsc checkpoints it; the children are runsc restores of that image, started at once. On qemu a fork's children start one after another from the shared stream; the parent stands still only while its memory is streamed and its disk overlay copied. Under TCG every fork already running takes CPU from the ones still loading (here 10 emulated VMs on 2 cores): a fork of 10 takes far more than 10 forks of 1 would, which a KVM host does not suffer. runc and firecracker do not fork.\n")
+	b.WriteString("\nOn gvisor the parent stands still while runsc checkpoints it; the children are runsc restores of that image, started at once. A cold gvisor create answers running before its XFCE session is complete (about 14 s later on a quiet machine), so a ratio under 1× there compares a fork of a complete desktop with the start of one. On qemu a fork's children start one after another from the shared stream; the parent stands still only while its memory is streamed and its disk overlay copied. Under TCG every fork already running takes CPU from the ones still loading (here 10 emulated VMs on 2 cores): a fork of 10 takes far more than 10 forks of 1 would, which a KVM host does not suffer. runc and firecracker do not fork.\n")
 	return b.String()
 }
 
