@@ -526,9 +526,8 @@ func driveThrough(t *testing.T, tc *testCluster, via string, sb client.Sandbox) 
 // is listed and read through a, and a create through a that names it is
 // made on b, where a command writes to it. That sandbox also has
 // DevTools on: being on b, it is the one CDP reaches through a
-// (cdpThrough), a boot saved. (gvisor cannot snapshot, so
-// snapshots across nodes are TestClusterItems' and TestClusterProxy's,
-// against a fake node.)
+// (cdpThrough), a boot saved. (Snapshots across nodes are
+// TestClusterItems' and TestClusterProxy's, against a fake node.)
 func heldThrough(t *testing.T, tc *testCluster) {
 	t.Helper()
 	ctx := context.Background()

@@ -42,8 +42,9 @@ func TestExpectedCapabilities(t *testing.T) {
 		got     client.Capabilities
 		want    []string // substrings of each mismatch, in order; none when they agree
 	}{
-		{"gvisor as it should be", "gvisor", client.Capabilities{Pause: true, Volumes: true, SnapshotReason: "the gvisor backend cannot snapshot sandboxes yet; qemu can"}, nil},
-		{"gvisor says it cannot pause", "gvisor", client.Capabilities{Volumes: true, PauseReason: cannot}, []string{"gvisor should pause and says it cannot: \"" + cannot}},
+		{"gvisor as it should be", "gvisor", client.Capabilities{Pause: true, Snapshot: true, Volumes: true}, nil},
+		{"gvisor says it cannot pause", "gvisor", client.Capabilities{Snapshot: true, Volumes: true, PauseReason: cannot}, []string{"gvisor should pause and says it cannot: \"" + cannot}},
+		{"gvisor says it cannot snapshot", "gvisor", client.Capabilities{Pause: true, Volumes: true, SnapshotReason: "runsc too old"}, []string{"gvisor should snapshot and says it cannot: \"runsc too old"}},
 		{"qemu says it cannot pause or snapshot", "qemu", client.Capabilities{Volumes: true}, []string{"qemu should pause", "qemu should snapshot"}},
 		{"qemu as it should be", "qemu", client.Capabilities{Pause: true, Snapshot: true, Volumes: true}, nil},
 		{"runc cannot pause", "runc", client.Capabilities{Volumes: true, PauseReason: "CRIU 3.17.1 cannot run on this kernel"}, nil},
