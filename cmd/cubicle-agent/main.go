@@ -106,6 +106,7 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	}
 	cancel()
 	pooled := agent.PooledFromEnv()
+	template := agent.TemplateFromEnv()
 	devTools := agent.DevToolsFromEnv()
 	env := os.Environ()
 
@@ -157,6 +158,13 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	}
 	defer reaper.Stop()
 	desk := desktop.NewService(version, display)
+	if cfg != nil {
+		wants := make([]desktop.WindowWant, 0, len(cfg.Usable))
+		for _, w := range cfg.Usable {
+			wants = append(wants, desktop.WindowWant{Class: w.Class, Focused: w.Focused})
+		}
+		desk.SetUsable(wants)
+	}
 	if headless {
 		desk.SetHeadless()
 	}
@@ -239,8 +247,12 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 		}
 	}
 
-	if pooled {
-		desk.SetApplySession(applySession(log, srv, sup, held, vars))
+	switch {
+	case pooled:
+		desk.SetApplySession(applySession(log, srv, sup, held, vars, nil))
+	case template:
+		// Every program already runs; the start URL is a navigation.
+		desk.SetApplySession(applySession(log, srv, nil, session.Config{}, vars, session.Navigate))
 	}
 	desk.SetRekey(rekey(log, srv))
 
@@ -297,13 +309,15 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 	return errors.Join(append([]error{err}, errs...)...)
 }
 
-// applySession is what Desktop.ApplySession runs in a box of the warm pool:
-// once in the box's life, it gives the create's environment to every
-// process started from then on, starts the held programs with the
-// create's start URL, and makes the create's token the only one accepted.
-func applySession(log *slog.Logger, srv *agent.Server, sup *session.Supervisor, held session.Config, vars session.Vars) func(context.Context, *desktoppb.ApplySessionRequest) error {
+// applySession is what Desktop.ApplySession runs in a box of the warm pool
+// or one restored from a boot template: once in the box's life, it gives
+// the create's environment to every process started from then on, starts
+// the held programs with the create's start URL (a pool box) or has
+// navigate point the running browser at it (a template's), and makes the
+// create's token the only one accepted.
+func applySession(log *slog.Logger, srv *agent.Server, sup *session.Supervisor, held session.Config, vars session.Vars, navigate func(context.Context, string) error) func(context.Context, *desktoppb.ApplySessionRequest) error {
 	var applied atomic.Bool
-	return func(_ context.Context, req *desktoppb.ApplySessionRequest) error {
+	return func(ctx context.Context, req *desktoppb.ApplySessionRequest) error {
 		if strings.ContainsRune(req.StartUrl, 0) {
 			return errors.New("start URL holds a NUL byte")
 		}
@@ -328,6 +342,14 @@ func applySession(log *slog.Logger, srv *agent.Server, sup *session.Supervisor, 
 			}
 			if err := sup.Add(progs); err != nil {
 				return err
+			}
+		}
+		if navigate != nil && req.StartUrl != "" {
+			nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err := navigate(nctx, req.StartUrl)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("start URL: %w", err)
 			}
 		}
 		srv.SetToken(req.Token)

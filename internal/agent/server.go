@@ -70,6 +70,21 @@ func PooledFromEnv() bool {
 	return v == "1"
 }
 
+// TemplateEnv, set to "1", says the box is booted to be a boot template:
+// cubicled snapshots it once its desktop is usable, and every sandbox
+// restored from it takes its session through Desktop.ApplySession, as a
+// warm-pool box does, except that nothing was held: the browser already
+// runs, and is pointed at the create's start URL.
+const TemplateEnv = "CUBICLE_TEMPLATE"
+
+// TemplateFromEnv reports TemplateEnv and removes it from the
+// environment.
+func TemplateFromEnv() bool {
+	v := os.Getenv(TemplateEnv)
+	_ = os.Unsetenv(TemplateEnv)
+	return v == "1"
+}
+
 // DevToolsEnv, set to "0" in a sandbox's environment at create, turns off
 // Chromium's DevTools on the sandbox's loopback, which cubicled's CDP
 // endpoint reaches. It is on otherwise: the pinned runsc saves a

@@ -280,7 +280,7 @@ func (m *Manager) rekey(ctx context.Context, box driver.Box, parent record, k *e
 		return nil, fmt.Errorf("re-key: %w", err)
 	}
 	c := agentclient.New(box.DialAgent, token)
-	if _, err := waitReady(ctx, c, box); err != nil {
+	if _, err := waitReady(ctx, c, box, false); err != nil {
 		c.Close()
 		return nil, err
 	}

@@ -76,6 +76,9 @@ type Config struct {
 	// Pools are the warm pools: desktops booted ahead of the creates
 	// that will take them.
 	Pools []PoolSpec
+	// NoTemplates turns boot templates off (template.go): every create
+	// boots cold and waits for its desktop to be usable.
+	NoTemplates bool
 	// Network gives sandboxes a network; nil means none at all (loopback
 	// only), and requests asking for egress are refused.
 	Network NetPool
@@ -146,6 +149,7 @@ type Manager struct {
 	// whose boxes are in no pool and not yet in entries.
 	pools    []*pool
 	poolKick chan struct{}
+	tmpls    map[tmplKey]*tmpl // boot templates, guarded by mu
 	claiming int
 	claims   map[string]int
 	closing  bool // Close has begun: the pools boot no more
@@ -262,6 +266,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		usage:     newUsageStore(cfg.UsageInterval, cfg.UsageWindow),
 		poolKick:  make(chan struct{}, 1),
 		claims:    make(map[string]int),
+		tmpls:     make(map[tmplKey]*tmpl),
 	}
 	for _, ps := range cfg.Pools {
 		m.pools = append(m.pools, &pool{spec: ps})
@@ -277,6 +282,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		m.volumes[volumeKey(v.Owner, v.Name)] = v
 	}
 	m.sweepVolumeFiles()
+	m.sweepTemplates()
 	if err := m.loadSnapshots(); err != nil {
 		cancel()
 		st.close()
@@ -789,9 +795,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest, wait bool) (San
 		Shape:   driver.Shape{Image: rootfs, VCPUs: req.VCPUs, MemoryMB: req.MemoryMB, Volumes: dvols},
 		Session: sessionOf(rec),
 	}
-	boot := bootCold(d)
+	boot := bootCold(d, true)
 	if from != nil {
 		boot = m.restoreBoot(d.(driver.Snapshotter), from, e) // fromSnapshot checked
+	} else if k, sn, ok := m.templateKeyOf(ctx, req, d); ok {
+		boot = m.templateBoot(d, sn, k, rootfs, e, true)
 	}
 	m.wg.Add(1)
 	handedOff = true
@@ -861,15 +869,18 @@ func sessionOf(r *record) driver.Session {
 // desktop. On error it has stopped what it started.
 type bootFunc func(ctx context.Context, spec driver.Spec) (driver.Box, *agentclient.Client, bool, error)
 
-// bootCold is the boot of a create: the driver makes a new box.
-func bootCold(d driver.Driver) bootFunc {
+// bootCold is the boot of a create: the driver makes a new box. With
+// usable the boot ends once the desktop is usable (every window of the
+// image's session is up), else once its screen answers (a warm-pool box,
+// whose browser waits for its claim).
+func bootCold(d driver.Driver, usable bool) bootFunc {
 	return func(ctx context.Context, spec driver.Spec) (driver.Box, *agentclient.Client, bool, error) {
 		box, err := d.Create(ctx, spec)
 		if err != nil {
 			return nil, nil, false, fmt.Errorf("start %s box: %w", d.Name(), err)
 		}
 		client := agentclient.New(box.DialAgent, spec.Token)
-		hasDesktop, err := waitReady(ctx, client, box)
+		hasDesktop, err := waitReady(ctx, client, box, usable)
 		if err != nil {
 			client.Close()
 			if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
@@ -970,10 +981,10 @@ func (m *Manager) start(ctx context.Context, e *entry, d driver.Driver, spec dri
 	m.watch(e)
 }
 
-// waitReady polls the agent until its desktop reports ready, or until it
-// answers at all for a headless sandbox (no X server in its image), and
-// reports which it was.
-func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box) (desktop bool, err error) {
+// waitReady polls the agent until its desktop reports ready (and, with
+// usable, usable), or until it answers at all for a headless sandbox (no
+// X server in its image), and reports which it was.
+func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box, usable bool) (desktop bool, err error) {
 	var last error
 	for {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -982,8 +993,10 @@ func waitReady(ctx context.Context, c *agentclient.Client, box driver.Box) (desk
 		switch {
 		case err == nil && resp.Msg.Headless:
 			return false, nil
-		case err == nil && resp.Msg.Ready:
+		case err == nil && resp.Msg.Ready && (resp.Msg.Usable || !usable):
 			return true, nil
+		case err == nil && resp.Msg.Ready:
+			last = errors.New("desktop answers, but its session is not complete yet (the windows session.json lists under \"usable\")")
 		case err != nil:
 			last = err
 		default:

@@ -108,8 +108,12 @@ func (a readyAgent) Shutdown(context.Context, *connect.Request[desktoppb.Shutdow
 	return connect.NewResponse(&desktoppb.ShutdownResponse{}), nil
 }
 
-func (readyAgent) Info(context.Context, *connect.Request[desktoppb.InfoRequest]) (*connect.Response[desktoppb.InfoResponse], error) {
-	return connect.NewResponse(&desktoppb.InfoResponse{Ready: true, Width: 1024, Height: 768}), nil
+func (a readyAgent) Info(context.Context, *connect.Request[desktoppb.InfoRequest]) (*connect.Response[desktoppb.InfoResponse], error) {
+	usable := true
+	if a.d != nil {
+		usable = a.d.infoCalls.Add(1) > a.d.usableAfter
+	}
+	return connect.NewResponse(&desktoppb.InfoResponse{Ready: true, Usable: usable, Width: 1024, Height: 768}), nil
 }
 
 // headlessAgent is the agent of a sandbox whose image has no X server.
@@ -141,6 +145,10 @@ type fakeDriver struct {
 	rekeyed    map[string]rekeyed // by box ID
 	shutdowns  atomic.Int32
 	applied    map[string]appliedSession // by box ID
+	// usableAfter is how many Info calls answer ready but not usable
+	// (the windows of the session still coming up); infoCalls counts.
+	usableAfter int32
+	infoCalls   atomic.Int32
 
 	specs map[string]driver.Spec // what each Create was given, by ID
 

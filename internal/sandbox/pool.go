@@ -160,11 +160,17 @@ func (m *Manager) fillPools() {
 		p.booting = true
 		m.mu.Unlock()
 		spec := driver.Spec{ID: rec.Sandbox.ID, Shape: driver.Shape{Image: rootfs}, Session: sessionOf(rec)}
+		// A refill restores the boot template when there is one: its
+		// box is usable the moment a create claims it, browser and all.
+		boot := bootCold(d, false)
+		if k, sn, ok := m.templateKeyOf(m.ctx, rec.Request, d); ok {
+			boot = m.templateBoot(d, sn, k, rootfs, e, false)
+		}
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
 			defer cancel()
-			m.start(sctx, e, d, spec, nil, bootCold(d))
+			m.start(sctx, e, d, spec, nil, boot)
 			m.mu.Lock()
 			p.booting = false
 			if e.rec.Sandbox.State == StateRunning {

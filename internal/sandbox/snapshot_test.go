@@ -83,6 +83,9 @@ func newSnapManager(t *testing.T, d driver.Driver, n NetPool, dataDir string, ma
 		Images: func(string) (string, error) { return "/nonexistent", nil }, MaxSandboxes: 8,
 		IdleTimeout: time.Minute, MaxLifetime: time.Hour, ReapInterval: time.Hour, Metrics: metrics.New(),
 		MaxSnapshotsPerOwner: maxSnaps,
+		// These tests count restores of users' snapshots; boot
+		// templates have theirs (template_test.go).
+		NoTemplates: true,
 	}
 	if n != nil {
 		cfg.Network = n

@@ -71,7 +71,12 @@ type InfoResponse struct {
 	// The sandbox has no desktop at all: its image has no X server, so
 	// screenshots and input can never work. Such a sandbox is ready as soon as
 	// the agent answers.
-	Headless      bool `protobuf:"varint,7,opt,name=headless,proto3" json:"headless,omitempty"`
+	Headless bool `protobuf:"varint,7,opt,name=headless,proto3" json:"headless,omitempty"`
+	// The desktop is complete and takes input: every window the image's
+	// session.json lists under "usable" is up (for XFCE its panel, its
+	// desktop and a focused Chromium), so keys typed now reach the
+	// browser. Equal to ready for an image that lists none.
+	Usable        bool `protobuf:"varint,8,opt,name=usable,proto3" json:"usable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -151,6 +156,13 @@ func (x *InfoResponse) GetDisplay() string {
 func (x *InfoResponse) GetHeadless() bool {
 	if x != nil {
 		return x.Headless
+	}
+	return false
+}
+
+func (x *InfoResponse) GetUsable() bool {
+	if x != nil {
+		return x.Usable
 	}
 	return false
 }
@@ -1249,7 +1261,7 @@ var File_desktop_desktop_proto protoreflect.FileDescriptor
 const file_desktop_desktop_proto_rawDesc = "" +
 	"\n" +
 	"\x15desktop/desktop.proto\x12\adesktop\"\r\n" +
-	"\vInfoRequest\"\xc6\x01\n" +
+	"\vInfoRequest\"\xde\x01\n" +
 	"\fInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\"\n" +
 	"\fcapabilities\x18\x02 \x03(\tR\fcapabilities\x12\x14\n" +
@@ -1257,7 +1269,8 @@ const file_desktop_desktop_proto_rawDesc = "" +
 	"\x06height\x18\x04 \x01(\x05R\x06height\x12\x14\n" +
 	"\x05ready\x18\x05 \x01(\bR\x05ready\x12\x18\n" +
 	"\adisplay\x18\x06 \x01(\tR\adisplay\x12\x1a\n" +
-	"\bheadless\x18\a \x01(\bR\bheadless\"@\n" +
+	"\bheadless\x18\a \x01(\bR\bheadless\x12\x16\n" +
+	"\x06usable\x18\b \x01(\bR\x06usable\"@\n" +
 	"\x06Region\x12\f\n" +
 	"\x01x\x18\x01 \x01(\x05R\x01x\x12\f\n" +
 	"\x01y\x18\x02 \x01(\x05R\x01y\x12\f\n" +

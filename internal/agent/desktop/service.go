@@ -6,6 +6,8 @@ import (
 	"image"
 	"io"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -47,6 +49,51 @@ type Service struct {
 	shutdown func(context.Context) error
 	apply    func(context.Context, *desktop.ApplySessionRequest) error
 	rekey    func(context.Context, *desktop.RekeyRequest) error
+	wants    []WindowWant
+	usable   bool // latched: the wants were all met once
+}
+
+// WindowWant is a window a complete desktop shows (the image's
+// session.json "usable" list): its WM_CLASS class, compared without
+// regard to case, and whether it must hold the focus.
+type WindowWant struct {
+	Class   string
+	Focused bool
+}
+
+// SetUsable names the windows without which Info does not call the
+// desktop usable.
+func (s *Service) SetUsable(wants []WindowWant) {
+	s.mu.Lock()
+	s.wants = slices.Clone(wants)
+	s.mu.Unlock()
+}
+
+// usableNow reports whether d shows every wanted window. It is latched
+// once true: usable is about the start of the session, and an agent that
+// later closes the browser has not made the desktop unstarted.
+func (s *Service) usableNow(ctx context.Context, d *Desktop) bool {
+	s.mu.RLock()
+	done, wants := s.usable, s.wants
+	s.mu.RUnlock()
+	if done || len(wants) == 0 {
+		return true
+	}
+	wins, err := d.Windows(ctx)
+	if err != nil {
+		return false
+	}
+	for _, w := range wants {
+		if !slices.ContainsFunc(wins, func(x *desktop.Window) bool {
+			return strings.EqualFold(x.Class, w.Class) && (x.Focused || !w.Focused)
+		}) {
+			return false
+		}
+	}
+	s.mu.Lock()
+	s.usable = true
+	s.mu.Unlock()
+	return true
 }
 
 // SetShutdown gives the service what Shutdown runs: the agent's own
@@ -187,6 +234,7 @@ var errNoDesktop = connect.NewError(connect.CodeUnavailable, errors.New("the X d
 // Info reports the version, capabilities and screen. Ready becomes true
 // once a screenshot has succeeded; while it is false Info tries a one-pixel
 // capture itself, so polling Info is enough to wait for the desktop.
+// Usable follows once the windows SetUsable named are up.
 func (s *Service) Info(ctx context.Context, _ *connect.Request[desktop.InfoRequest]) (*connect.Response[desktop.InfoResponse], error) {
 	resp := &desktop.InfoResponse{Version: s.version, Display: s.display}
 	s.mu.RLock()
@@ -200,6 +248,7 @@ func (s *Service) Info(ctx context.Context, _ *connect.Request[desktop.InfoReque
 		resp.Width, resp.Height = int32(w), int32(h)
 		resp.Capabilities = d.Capabilities()
 		resp.Ready = d.Ready()
+		resp.Usable = resp.Ready && s.usableNow(ctx, d)
 		if d.Display() != "" {
 			resp.Display = d.Display()
 		}

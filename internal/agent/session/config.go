@@ -28,6 +28,22 @@ type Config struct {
 	Xvfb []string `json:"xvfb"`
 	// Programs start once the display is up, each restarted when it exits.
 	Programs []Program `json:"programs"`
+	// Usable lists the windows that make the desktop complete: until each
+	// is up the agent does not call the desktop usable, and cubicled does
+	// not answer a create (nor snapshot a boot template). A desktop whose
+	// screen answers but whose window manager or browser is still starting
+	// loses what an agent types into it. Empty: usable once the screen
+	// answers.
+	Usable []UsableWindow `json:"usable,omitempty"`
+}
+
+// UsableWindow is one window a complete desktop shows.
+type UsableWindow struct {
+	// Class is the window's WM_CLASS class (as `cubicle windows` shows
+	// it), compared without regard to case.
+	Class string `json:"class"`
+	// Focused: the window must also hold the keyboard focus.
+	Focused bool `json:"focused,omitempty"`
 }
 
 // Program is one supervised process of the session.
@@ -88,7 +104,7 @@ func VarsFromEnv(getenv func(string) string) (Vars, error) {
 // user and Xvfb: a warm-pool sandbox starts the rest at boot and the
 // others once a create has said what its start URL is.
 func (c Config) Split() (rest, held Config) {
-	rest = Config{Display: c.Display, User: c.User, Xvfb: c.Xvfb}
+	rest = Config{Display: c.Display, User: c.User, Xvfb: c.Xvfb, Usable: c.Usable}
 	held = rest
 	for _, p := range c.Programs {
 		if slices.ContainsFunc(p.Argv, func(a string) bool { return strings.Contains(a, "{start_url}") }) {
@@ -161,6 +177,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("program %q: empty argv", p.Name)
 		}
 	}
+	for i, w := range c.Usable {
+		if w.Class == "" {
+			return fmt.Errorf("usable[%d]: no class", i)
+		}
+	}
 	for _, s := range c.strings() {
 		if strings.ContainsRune(s, 0) {
 			return errors.New("NUL byte in a string")
@@ -200,7 +221,7 @@ func (c Config) Expand(v Vars) Config {
 		}
 		return out
 	}
-	out := Config{Display: c.Display, User: c.User, Xvfb: argv(c.Xvfb)}
+	out := Config{Display: c.Display, User: c.User, Xvfb: argv(c.Xvfb), Usable: c.Usable}
 	for _, p := range c.Programs {
 		user := p.User
 		if user == "" {
