@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/jezek/xgb/xproto"
 
 	"github.com/cubicle-dev/cubicle/internal/action"
 	"github.com/cubicle-dev/cubicle/proto/desktop"
@@ -198,4 +199,68 @@ func TestShutdown(t *testing.T) {
 	if err != nil || resp.Msg.Error != "chromium did not exit" {
 		t.Errorf("a failed shutdown = %v, %v; want its error in the answer", resp, err)
 	}
+}
+
+// TestServiceUsable: Info calls the desktop usable only once every window
+// SetUsable names is up (and focused where it says so), and keeps saying
+// so after; with none named, usable is ready.
+func TestServiceUsable(t *testing.T) {
+	d, display := openDesktop(t)
+	ctx := context.Background()
+	usable := func(s *Service) bool {
+		t.Helper()
+		info, err := serve(t, s).Info(ctx, connect.NewRequest(&desktop.InfoRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.Msg.Ready {
+			t.Fatal("not ready")
+		}
+		return info.Msg.Usable
+	}
+	plain := NewService("v1", display)
+	plain.SetDesktop(d)
+	if !usable(plain) {
+		t.Error("with no windows named, a ready desktop is not usable")
+	}
+
+	s := NewService("v1", display)
+	s.SetDesktop(d)
+	s.SetUsable([]WindowWant{{Class: "cubicletest", Focused: true}, {Class: "Panel"}})
+	if usable(s) {
+		t.Fatal("usable before any of its windows is up")
+	}
+	newClient(t, display, winX, winY, winW, winH, "browser")
+	if usable(s) {
+		t.Fatal("usable with its panel missing")
+	}
+	panel := newClient(t, display, 0, 0, 100, 20, "panel")
+	panel.setClass("panel", "Panel")
+	// The panel, mapped last, has the focus: the browser does not.
+	if usable(s) {
+		t.Fatal("usable while the window that must hold the focus does not")
+	}
+	s2 := NewService("v1", display)
+	s2.SetDesktop(d)
+	s2.SetUsable([]WindowWant{{Class: "cubicletest"}, {Class: "Panel", Focused: true}})
+	if !usable(s2) {
+		t.Fatal("not usable with every window up and the right one focused")
+	}
+	panel.unmap()
+	if !usable(s2) {
+		t.Error("usable went back to false: it is about the session's start")
+	}
+}
+
+// setClass sets the window's WM_CLASS.
+func (c *client) setClass(instance, class string) {
+	v := []byte(instance + "\x00" + class + "\x00")
+	xproto.ChangeProperty(c.conn, xproto.PropModeReplace, c.win, xproto.AtomWmClass, xproto.AtomString, 8, uint32(len(v)), v)
+	c.sync()
+}
+
+// unmap takes the window off the screen.
+func (c *client) unmap() {
+	xproto.UnmapWindow(c.conn, c.win)
+	c.sync()
 }

@@ -1,7 +1,9 @@
 package session
 
 import (
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -68,17 +70,19 @@ func TestParseExpand(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	tests := map[string]string{
-		"bad display":     `{"display": "0", "xvfb": ["Xvfb"]}`,
-		"display garbage": `{"display": ":01", "xvfb": ["Xvfb"]}`,
-		"no xvfb":         `{"display": ":0", "xvfb": []}`,
-		"unknown field":   `{"display": ":0", "xvfb": ["Xvfb"], "extra": 1}`,
-		"no name":         `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"argv": ["a"]}]}`,
-		"duplicate":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"]}, {"name": "a", "argv": ["b"]}]}`,
-		"named as X":      `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "xvfb", "argv": ["a"]}]}`,
-		"empty argv":      `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": []}]}`,
-		"NUL":             `{"display": ":0", "xvfb": ["Xvfb", "a\u0000"]}`,
-		"trailing":        `{"display": ":0", "xvfb": ["Xvfb"]} {}`,
-		"not json":        `display=:0`,
+		"bad display":      `{"display": "0", "xvfb": ["Xvfb"]}`,
+		"display garbage":  `{"display": ":01", "xvfb": ["Xvfb"]}`,
+		"no xvfb":          `{"display": ":0", "xvfb": []}`,
+		"unknown field":    `{"display": ":0", "xvfb": ["Xvfb"], "extra": 1}`,
+		"no name":          `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"argv": ["a"]}]}`,
+		"duplicate":        `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"]}, {"name": "a", "argv": ["b"]}]}`,
+		"named as X":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "xvfb", "argv": ["a"]}]}`,
+		"empty argv":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": []}]}`,
+		"NUL":              `{"display": ":0", "xvfb": ["Xvfb", "a\u0000"]}`,
+		"trailing":         `{"display": ":0", "xvfb": ["Xvfb"]} {}`,
+		"not json":         `display=:0`,
+		"usable, no class": `{"display": ":0", "xvfb": ["Xvfb"], "usable": [{"focused": true}]}`,
+		"usable, unknown":  `{"display": ":0", "xvfb": ["Xvfb"], "usable": [{"class": "a", "title": "b"}]}`,
 	}
 	for name, in := range tests {
 		if _, err := Parse([]byte(in)); err == nil {
@@ -140,6 +144,29 @@ func TestSplit(t *testing.T) {
 	for _, part := range []Config{rest, held} {
 		if part.Display != c.Display || part.User != c.User || !slices.Equal(part.Xvfb, c.Xvfb) {
 			t.Errorf("part %+v lost the session's display, user or Xvfb", part)
+		}
+	}
+}
+
+// TestImageSessions: the images' own session configs parse, and each
+// names the windows of a usable desktop, its browser focused, so that a
+// create answers only when keys typed at once reach the browser.
+func TestImageSessions(t *testing.T) {
+	paths, err := filepath.Glob("../../../images/*/files/etc/cubicle/session.json")
+	if err != nil || len(paths) < 2 {
+		t.Fatalf("image session configs: %v %v", paths, err)
+	}
+	for _, p := range paths {
+		c, err := Load(p)
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			continue
+		}
+		if !slices.ContainsFunc(c.Usable, func(w UsableWindow) bool { return w.Class == "Chromium" && w.Focused }) {
+			t.Errorf("%s: usable %+v does not wait for a focused Chromium", p, c.Usable)
+		}
+		if strings.Contains(p, "/desktop/") && len(c.Usable) < 3 {
+			t.Errorf("%s: usable %+v, want XFCE's panel and desktop too", p, c.Usable)
 		}
 	}
 }
