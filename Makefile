@@ -53,7 +53,7 @@ TEST_ENV := CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) CUBICLE_E2E_PAUSE_CYCLES=$(TEST_PA
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit unit-light unit-sandbox e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images bench-cluster lint proto clean fuzz-ci
+.PHONY: all build deps image run test unit unit-light unit-sandbox e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images bench-template bench-cluster lint proto clean fuzz-ci
 
 all: build
 
@@ -192,6 +192,12 @@ bench-computer: deps image
 # create-to-ready, session shown, idle memory.
 bench-images: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-images
+
+# bench-template measures an agent's first step on gvisor: create, then
+# a page typed at once into Chromium's address bar shown; cold against a
+# boot template's restore.
+bench-template: deps image
+	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-template
 
 # bench-cluster runs three nodes on one etcd here: the extra hop of a
 # proxied screenshot and click, and creates per second at one and three

@@ -50,11 +50,19 @@ func main() {
 	onlyComputer := flag.Bool("only-computer", false, "measure, in one run, what -only-screenshot and -only-agent-step measure, and rewrite only those sections of -out")
 	onlyImages := flag.Bool("only-images", false, "measure only create-to-ready, session and idle memory of the desktop (XFCE) and desktop-lite images on gvisor and runc, and rewrite only that section of -out")
 	onlyCluster := flag.Bool("only-cluster", false, "measure only a cluster of three nodes on one etcd here: a proxied screenshot and click against local ones (-n each), and creates per second through one node at one and three nodes (-n-cluster-creates at once); rewrite only that section of -out")
+	onlyTemplate := flag.Bool("only-template", false, "measure only creates typed into at once (create → the page typed into Chromium's address bar shown), cold and from a boot template, on -create-backends (default here: gvisor), and rewrite only that section of -out")
+	nTemplate := flag.Int("n-template", 10, "creates measured each way by -only-template")
 	nClusterCreates := flag.Int("n-cluster-creates", 9, "creates at once in -only-cluster's bursts")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyTemplate:
+		bs := []string{"gvisor"}
+		if isFlagSet("create-backends") {
+			bs = strings.Split(*backends, ",")
+		}
+		err = runTemplate(*imageDir, *out, bs, *nTemplate)
 	case *onlyCluster:
 		err = runCluster(*imageDir, *out, *n, *nClusterCreates)
 	case *onlyImages:
@@ -79,6 +87,9 @@ func main() {
 		err = run(*imageDir, *backend, *second, *out, *n, *nSub, cfg)
 		if err == nil {
 			err = runAgentStep(*imageDir, *backend, *out, *nStep)
+		}
+		if err == nil {
+			err = runTemplate(*imageDir, *out, []string{"gvisor"}, *nTemplate)
 		}
 	}
 	if err != nil {
