@@ -222,10 +222,9 @@ func removeUserImages() {
 // to green when clicked, in the screenshot — on gvisor, runc and qemu.
 // XFCE's whole session (window manager, panel, desktop) runs on all three,
 // and gtk-launch starts a program from its .desktop entry. Both spawn with
-// GLib, which under this machine's gVisor (runsc 20221219) works only
-// thanks to the gVisor driver's close_range seccomp rule (see
-// internal/driver/oci gvisorSeccomp): without it GLib's spawn fails with
-// "Failed to close file descriptor for child process (Invalid argument)".
+// GLib, which Debian 12's gVisor (runsc 20221219) broke: its close_range
+// failed GLib's "close every descriptor", and with it every spawn. The
+// pinned runsc does not, with no seccomp filter of cubicle's.
 func TestImportedDesktop(t *testing.T) {
 	importUserImage(t, "byo-xfce")
 	img, err := cimage.Lookup(imageDir(), "byo-xfce")

@@ -23,11 +23,6 @@
 // milliseconds without copying the ~1.5 GB image, and no box can change the
 // image or another box. The upper layer must not itself be on overlayfs.
 //
-// gVisor boxes carry a one-rule OCI seccomp filter, loaded by runsc
-// --oci-seccomp, that lets GLib spawn under runsc 20221219 (whose
-// close_range rejects GLib's "close everything" with EINVAL); it only ever
-// makes calls fail (see gvisorSeccomp).
-//
 // Runtimes run detached in their own session, so a daemon restart does not
 // kill boxes; Adopt re-attaches from the State blob.
 package oci
@@ -438,9 +433,11 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 		// connect to. --network=sandbox: gVisor's own network stack
 		// takes over the interfaces, addresses and routes of the network
 		// namespace the box joins (prepared by netpool); without one,
-		// --network=none: loopback only. --oci-seccomp loads the spec's
-		// seccomp filter (gvisorSeccomp: close_range for GLib) into the
-		// Sentry; runsc ignores the spec's filter without it.
+		// --network=none: loopback only. (No --oci-seccomp: the boxes
+		// carry no filter of their own. Debian's runsc of 2022 needed
+		// one to turn GLib's close_range(N, ~0U) from EINVAL into
+		// ENOSYS; the pinned runsc caps the range as Linux does, and
+		// TestCloseRangeInBox checks it does.)
 		netMode := "--network=none"
 		if network {
 			netMode = "--network=sandbox"
@@ -450,7 +447,7 @@ func (d *Driver) commandNet(ctx context.Context, netns string, args ...string) *
 		// ("null") pins one shared namespace with a bind mount in the
 		// runtime root, which outlives every box and would be a mount
 		// left behind.
-		global = append(global, "--host-uds=create", "--oci-seccomp", netMode, "--gofer-network-namespace=new")
+		global = append(global, "--host-uds=create", netMode, "--gofer-network-namespace=new")
 	}
 	global = append(global, d.cfg.RuntimeArgs...)
 	argv := append(global, args...)

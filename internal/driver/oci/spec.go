@@ -189,9 +189,6 @@ func ociSpec(s driver.Spec, rootfs, runDir, agentBin string, runc bool) *specs.S
 			"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 		}
 	}
-	if !runc {
-		sp.Linux.Seccomp = gvisorSeccomp()
-	}
 	// /dev/null etc.: runc creates the default devices itself and gVisor
 	// provides its own; allowing them in the device cgroup is runc's job.
 	for _, d := range []struct {
@@ -265,61 +262,4 @@ func writeNetFiles(rootfs string, s driver.Spec) error {
 		}
 	}
 	return nil
-}
-
-// closeRangeHugeLast is the bit of close_range's second argument (an
-// unsigned int) that makes runsc 20221219 fail the call: it rejects any
-// last fd above MaxInt32 with EINVAL, where Linux clamps it to the table
-// size.
-const closeRangeHugeLast = 1 << 31
-
-// gvisorSeccomp is the OCI seccomp filter of gVisor boxes, which runsc
-// loads into its own kernel (the Sentry) when run with --oci-seccomp. It
-// works around a bug of Debian 12's runsc (release 20221219) that broke
-// XFCE: closing "every fd from N up" is close_range(N, ~0U, 0) in GLib and
-// glibc, and that runsc answers EINVAL (`runsc --strace` shows
-// close_range(0x4, 0xffffffffffffffff, 0x0) ... errno=22). glibc's
-// closefrom falls back to walking /proc/self/fd on any error, but GLib
-// 2.74's spawn only on ENOSYS, so it fails every spawn with "Failed to
-// close file descriptor for child process (Invalid argument)":
-// xfce4-session starts none of its components, gtk-launch launches
-// nothing.
-//
-// The filter makes exactly those calls, and only those, fail with ENOSYS
-// instead, so GLib walks /proc/self/fd as it does on kernels without
-// close_range. That runsc ignores errnoRet (SCMP_ACT_ERRNO always gives
-// EPERM), so the action is SCMP_ACT_TRACE: with no ptrace tracer, the
-// Sentry, as Linux, fails the call with ENOSYS without running it; with an
-// in-box tracer asking for seccomp stops, the tracer is told and the call
-// then runs, failing with EINVAL as it always did (a tracer could change
-// the call, as it can make the tracee do anything anyway).
-//
-// Security: the filter can only make calls fail, never allow one. Its
-// default action is ALLOW, which is what a box without a filter gets; its
-// one rule matches close_range with bit 31 of `last` set (the argument is
-// 32 bits, so that is last > MaxInt32 whatever the upper half of the
-// register holds), which the Sentry fails with EINVAL anyway; the
-// bad-architecture action runsc adds cannot fire, since the Sentry reports
-// its only syscall table's architecture (x86-64 or arm64) for every call.
-//
-// Cost: the Sentry interprets this program (a handful of BPF instructions)
-// on every syscall of the box. Measured with runsc 20221219's ptrace
-// platform, where a syscall costs ~22 µs, the difference was below the
-// noise, in getppid loops, in 2000 runs of /bin/true and in
-// create-to-ready. The filter is task state, so it survives checkpoint and
-// restore (pause, resume).
-func gvisorSeccomp() *specs.LinuxSeccomp {
-	return &specs.LinuxSeccomp{
-		DefaultAction: specs.ActAllow,
-		Syscalls: []specs.LinuxSyscall{{
-			Names:  []string{"close_range"},
-			Action: specs.ActTrace,
-			Args: []specs.LinuxSeccompArg{{
-				Index:    1,
-				Value:    closeRangeHugeLast,
-				ValueTwo: closeRangeHugeLast,
-				Op:       specs.OpMaskedEqual,
-			}},
-		}},
-	}
 }
