@@ -68,8 +68,9 @@ func (d *Driver) CanFork(ctx context.Context) error { return d.canCopy(ctx, "for
 // CanSnapshot returns nil for gVisor, and why not for runc.
 func (d *Driver) CanSnapshot(ctx context.Context) error { return d.canCopy(ctx, "snapshot") }
 
-// running returns db as this driver's watched box that runs.
-func (d *Driver) running(db driver.Box, what string) (*box, error) {
+// boxOf is db as this driver's watched box (an adopted box once its
+// runtime has said it runs), or nil.
+func (d *Driver) boxOf(db driver.Box) *box {
 	b, ok := db.(*box)
 	if !ok {
 		if u, isUnsure := db.(*unsureBox); isUnsure {
@@ -79,6 +80,15 @@ func (d *Driver) running(db driver.Box, what string) (*box, error) {
 		}
 	}
 	if b == nil || b.d != d {
+		return nil
+	}
+	return b
+}
+
+// running returns db as this driver's watched box that runs.
+func (d *Driver) running(db driver.Box, what string) (*box, error) {
+	b := d.boxOf(db)
+	if b == nil {
 		return nil, fmt.Errorf("%s: %w: not a running box of this driver (the runtime has not said it runs)", what, driver.ErrCannotCopy)
 	}
 	return b, nil

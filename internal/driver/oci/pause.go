@@ -92,15 +92,8 @@ func (d *Driver) Pause(ctx context.Context, db driver.Box) (driver.Paused, error
 	if err := d.CanPause(ctx); err != nil {
 		return driver.Paused{}, err
 	}
-	b, ok := db.(*box)
-	if !ok {
-		if u, isUnsure := db.(*unsureBox); isUnsure {
-			u.mu.Lock()
-			b = u.inner
-			u.mu.Unlock()
-		}
-	}
-	if b == nil || b.d != d {
+	b := d.boxOf(db)
+	if b == nil {
 		return driver.Paused{}, errors.New("pause: not a running box of this driver")
 	}
 	b.mu.Lock()
