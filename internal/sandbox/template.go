@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/cubicle-dev/cubicle/internal/agentclient"
+	"github.com/cubicle-dev/cubicle/internal/consolelog"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	desktoppb "github.com/cubicle-dev/cubicle/proto/desktop"
 )
@@ -82,7 +83,15 @@ type tmpl struct {
 	desktop  bool
 	users    int  // restores of it in progress
 	stale    bool // replaced or failed: removed once users is 0
+	// bootLog is what the template box printed up to its snapshot (its
+	// session's start), booted at bootedAt: the first lines of every
+	// copy's log, since a copy's own console begins at its restore.
+	bootLog  []byte
+	bootedAt time.Time
 }
+
+// maxTemplateLog bounds the boot log a template keeps for its copies.
+const maxTemplateLog = 256 << 10
 
 func (m *Manager) templateDir(id string) string {
 	return filepath.Join(m.cfg.DataDir, "templates", id)
@@ -264,6 +273,7 @@ func (m *Manager) bootTemplate(t *tmpl, d driver.Driver, sn driver.Snapshotter) 
 			m.log.Debug("boot template: screen settled", "template", k.String(), "settled", shot.Msg.GetSettled(), "ms", time.Since(quiet).Milliseconds())
 		}
 	}
+	t.bootLog, t.bootedAt = consoleBytes(box), rec.Sandbox.CreatedAt
 	dir := m.templateDir(t.id)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -297,6 +307,7 @@ func (m *Manager) templateBoot(d driver.Driver, sn driver.Snapshotter, k tmplKey
 		defer release()
 		box, c, err := m.restoreTemplate(ctx, sn, t, e, spec, apply)
 		if err == nil {
+			m.seedLog(e, t)
 			return box, c, t.desktop, nil
 		}
 		if ctx.Err() != nil {
@@ -335,4 +346,41 @@ func (m *Manager) restoreTemplate(ctx context.Context, sn driver.Snapshotter, t 
 		}
 	}
 	return box, c, nil
+}
+
+// consoleBytes is the last maxTemplateLog bytes box printed, or nil.
+func consoleBytes(box driver.Box) []byte {
+	c, ok := box.(driver.Console)
+	if !ok {
+		return nil
+	}
+	f, err := c.OpenConsole()
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil
+	}
+	off := max(fi.Size()-maxTemplateLog, 0)
+	b := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(b, off)
+	return b[:n]
+}
+
+// seedLog begins e's log with t's boot log and a note of the daemon's
+// saying where the sandbox came from: its own console starts at its
+// restore, and a user reading its log should still see how its
+// session came up.
+func (m *Manager) seedLog(e *entry, t *tmpl) {
+	tail := m.tailOf(e)
+	now := m.cfg.Clock.Now()
+	tail.mu.Lock()
+	defer tail.mu.Unlock()
+	if len(t.bootLog) > 0 {
+		tail.ring.Write(t.bootLog, now, t.bootedAt)
+		tail.ring.Flush(now, t.bootedAt)
+	}
+	tail.ring.Note(consolelog.LevelInfo, now, "started from the boot template %s, booted at %s: the lines before this one are that boot's", t.key, t.bootedAt.UTC().Format(time.RFC3339))
 }

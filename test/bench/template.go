@@ -97,7 +97,7 @@ func measureTemplate(ctx context.Context, imageDir, backend string, n int) templ
 	if tr.err != nil {
 		return tr
 	}
-	tr.err = withDaemon(ctx, imageDir, backend, nil, func(_ *harness.Daemon, c *client.Client) error {
+	tr.err = withDaemon(ctx, imageDir, backend, []string{"--boot-templates=true"}, func(_ *harness.Daemon, c *client.Client) error {
 		_, first, err := createAndType(ctx, c, backend)
 		if err != nil {
 			return fmt.Errorf("first create: %w", err)

@@ -41,15 +41,16 @@ const e2bDomain = "e2b.test"
 // cubicled on gvisor (or the backend CUBICLE_E2E_BACKEND names), configured
 // only the way E2B's users configure them
 // (E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN, E2B_API_KEY). The suite's
-// desktop.launch(app, file) test makes its gvisor sandbox through the
-// native API (E2B's has no backend choice). It then checks that the suite
-// left no sandbox running and nothing of one on the host.
+// desktop.launch test also makes one runc sandbox (through the native API:
+// E2B's has no backend choice), where gtk-launch works. It then checks
+// that the suite left no sandbox running and nothing of one on the host.
 //
 // The JS tests skip, with the reason, what the desktop image cannot do yet
 // (CUBICLE_REQUIRE_E2E=1 makes them fail instead); the Go test lists those
 // skips at the end.
 func TestE2BSDK(t *testing.T) {
 	needs.Root(t)
+	needs.Runtime(t, "runc")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
 	needs.Command(t, "node", "npm")
 	nodeForSDK(t)

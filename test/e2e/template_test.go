@@ -31,7 +31,7 @@ func TestBootTemplate(t *testing.T) {
 }
 
 func testBootTemplate(t *testing.T, backend string) {
-	d, c := startDaemon(t, backend)
+	d, c := startDaemonArgs(t, backend, "--boot-templates=true")
 	ctx := context.Background()
 	t0 := time.Now()
 	a, err := c.Create(ctx, client.CreateRequest{Template: "desktop", Backend: backend, Env: map[string]string{"TEMPLATE_SECRET": "alpha"}})
