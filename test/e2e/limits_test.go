@@ -160,12 +160,15 @@ func testLimits(t *testing.T, backend string) {
 	// Fork bomb. gVisor's ptrace platform backs each guest task with a
 	// host stub process (~95 KiB each, measured): at 512 MiB its memory
 	// cgroup would end the bomb near 5,500 tasks, before the pids limit
-	// (8 × 1024 host tasks) is ever reached, so its bomb gets the default
-	// 2 GiB and meets the pids limit.
+	// (8 × 1024 host tasks) is ever reached, so its bomb gets 3 GiB and
+	// meets the pids limit. (2 GiB was enough while a create answered at
+	// the first screenshot; now it answers with the desktop complete,
+	// Chromium's memory already taken, and at 2 GiB the memory cgroup
+	// ended the bomb at 7,765–8,172 tasks.)
 	bombReq := hostileReq
 	fresh := sb.State != "running"
 	if backend == "gvisor" {
-		bombReq.MemoryMB, fresh = 2048, true
+		bombReq.MemoryMB, fresh = 3072, true
 	}
 	if fresh {
 		if sb.State == "running" {
