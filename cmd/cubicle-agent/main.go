@@ -218,6 +218,7 @@ func run(log *slog.Logger, listen, listenTCP, sessionPath string, detectDesktop 
 		if err != nil {
 			log.Error("desktop session disabled", "err", err)
 		} else {
+			srv.SetDemand(sup.Acquire)
 			sup.Start()
 			go func() {
 				if err := sup.Wait(context.Background()); err == nil {

@@ -1,12 +1,16 @@
 package agent
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -37,8 +41,9 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "port must be 1..65535", http.StatusBadRequest)
 		return
 	}
-	d := net.Dialer{Timeout: forwardDialTimeout}
-	up, err := d.DialContext(r.Context(), "tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	release, onDemand := s.acquire(port)
+	defer release()
+	up, err := dialLoopback(r.Context(), port, onDemand)
 	if err != nil {
 		http.Error(w, "dial port "+strconv.Itoa(port)+": "+err.Error(), http.StatusBadGateway)
 		return
@@ -66,6 +71,57 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		down = io.MultiReader(strings.NewReader(string(pre)), conn)
 	}
 	splice(conn, down, up)
+}
+
+// demandStartTimeout bounds how long a forward waits for an on-demand
+// program it has just started to listen.
+const demandStartTimeout = 15 * time.Second
+
+// Demand marks the on-demand program serving a loopback port as in use,
+// starting it if need be (session.Supervisor.Acquire): release ends the
+// use; ok is false when no such program serves port.
+type Demand func(port int) (release func(), ok bool)
+
+// SetDemand makes forwards to on-demand programs start them first. The
+// session is set up after the server already serves, so this is a setter.
+func (s *Server) SetDemand(d Demand) {
+	s.mu.Lock()
+	s.demand = d
+	s.mu.Unlock()
+}
+
+func (s *Server) acquire(port int) (release func(), ok bool) {
+	s.mu.Lock()
+	d := s.demand
+	s.mu.Unlock()
+	if d == nil {
+		return func() {}, false
+	}
+	return d(port)
+}
+
+// dialLoopback connects to 127.0.0.1:port. A program started on demand
+// needs a moment before it listens, so then a refused connection is
+// retried until it listens or demandStartTimeout passes.
+func dialLoopback(ctx context.Context, port int, onDemand bool) (net.Conn, error) {
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	d := net.Dialer{Timeout: forwardDialTimeout}
+	if !onDemand {
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	ctx, cancel := context.WithTimeout(ctx, demandStartTimeout)
+	defer cancel()
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w (started on demand, not listening after %v)", err, demandStartTimeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // splice copies both ways; when either direction ends, both connections

@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,5 +216,92 @@ func TestDialPort(t *testing.T) {
 	}
 	if _, err := c.DialPort(context.Background(), 1); err == nil {
 		t.Error("DialPort to a closed port succeeded")
+	}
+}
+
+// TestForwardOnDemand: a forward to a port whose program runs on demand
+// marks it in use before dialing, waits while the program starts (the
+// first dials are refused), and ends the use when the stream closes.
+func TestForwardOnDemand(t *testing.T) {
+	sock, srv := serveServer(t, "tok")
+	// A port nothing listens on yet.
+	probe, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := probe.Addr().(*net.TCPAddr).Port
+	probe.Close()
+
+	var mu sync.Mutex
+	acquired, released := 0, 0
+	srv.SetDemand(func(p int) (func(), bool) {
+		if p != port {
+			return func() {}, false
+		}
+		mu.Lock()
+		acquired++
+		first := acquired == 1
+		mu.Unlock()
+		if first {
+			// The program listens 300 ms after it was asked for.
+			time.AfterFunc(300*time.Millisecond, func() {
+				ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				t.Cleanup(func() { ln.Close() })
+				go func() {
+					for {
+						c, err := ln.Accept()
+						if err != nil {
+							return
+						}
+						_, _ = io.WriteString(c, "RFB 003.008\n")
+					}
+				}()
+			})
+		}
+		return func() { mu.Lock(); released++; mu.Unlock() }, true
+	})
+	c := client(sock, "tok")
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := c.Forward(ctx, port)
+	if err != nil {
+		t.Fatalf("forward to an on-demand port: %v", err)
+	}
+	line, err := bufio.NewReader(s).ReadString('\n')
+	if err != nil || line != "RFB 003.008\n" {
+		t.Fatalf("read %q, %v; want the program's greeting", line, err)
+	}
+	mu.Lock()
+	a, r := acquired, released
+	mu.Unlock()
+	if a != 1 || r != 0 {
+		t.Errorf("while the stream is open: acquired %d, released %d; want 1, 0", a, r)
+	}
+	s.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		mu.Lock()
+		r = released
+		mu.Unlock()
+		if r == 1 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if r != 1 {
+		t.Errorf("after the stream closed: released %d times, want 1", r)
+	}
+	// A port with no on-demand program is dialed once: refused at once.
+	began := time.Now()
+	if _, err := c.Forward(ctx, port+1); err == nil {
+		t.Skipf("port %d answers; cannot check a refused dial", port+1)
+	}
+	if d := time.Since(began); d > 2*time.Second {
+		t.Errorf("a refused forward to an ordinary port took %v; want no retrying", d)
 	}
 }

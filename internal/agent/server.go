@@ -140,6 +140,7 @@ type Server struct {
 	mu      sync.Mutex
 	servers []*http.Server
 	detach  func() // see OnCheckpoint
+	demand  Demand // see SetDemand
 }
 
 // New builds the server. It fails with ErrNoToken when Token is empty and

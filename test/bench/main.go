@@ -52,11 +52,26 @@ func main() {
 	onlyCluster := flag.Bool("only-cluster", false, "measure only a cluster of three nodes on one etcd here: a proxied screenshot and click against local ones (-n each), and creates per second through one node at one and three nodes (-n-cluster-creates at once); rewrite only that section of -out")
 	onlyTemplate := flag.Bool("only-template", false, "measure only creates typed into at once (create → the page typed into Chromium's address bar shown), cold and from a boot template, on -create-backends (default here: gvisor), and rewrite only that section of -out")
 	nTemplate := flag.Int("n-template", 10, "creates measured each way by -only-template")
+	onlyIdle := flag.Bool("only-idle", false, "measure only idle XFCE desktops on gvisor (CPU and memory of each sandbox's cgroup and of the host) at each of -idle-counts, and -idle-compare booted against restored from a boot template; rewrite only that section of -out")
+	idleCounts := flag.String("idle-counts", "20,40,80", "idle desktops measured by -only-idle, ascending")
+	idleCompare := flag.Int("idle-compare", 10, "desktops restored from a boot template measured by -only-idle (0: none)")
+	idleSettle := flag.Duration("idle-settle", 2*time.Minute, "how long -only-idle lets desktops settle after the last create")
+	idleWindow := flag.Duration("idle-window", time.Minute, "how long -only-idle measures")
 	nClusterCreates := flag.Int("n-cluster-creates", 9, "creates at once in -only-cluster's bursts")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyIdle:
+		var counts []int
+		for _, f := range strings.Split(*idleCounts, ",") {
+			n, cerr := strconv.Atoi(strings.TrimSpace(f))
+			if cerr != nil || n < 1 || (len(counts) > 0 && n <= counts[len(counts)-1]) {
+				log.Fatalf("-idle-counts %q: want ascending positive integers", *idleCounts)
+			}
+			counts = append(counts, n)
+		}
+		err = runIdle(*imageDir, *out, counts, *idleCompare, *idleSettle, *idleWindow)
 	case *onlyTemplate:
 		bs := []string{"gvisor"}
 		if isFlagSet("create-backends") {

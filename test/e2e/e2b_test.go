@@ -40,9 +40,7 @@ const e2bDomain = "e2b.test"
 // and @e2b/desktop SDKs (pinned by its package-lock.json) against a real
 // cubicled on gvisor (or the backend CUBICLE_E2E_BACKEND names), configured
 // only the way E2B's users configure them
-// (E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN, E2B_API_KEY). The suite's
-// desktop.launch test also makes one runc sandbox (through the native API:
-// E2B's has no backend choice), where gtk-launch works. It then checks
+// (E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN, E2B_API_KEY). It then checks
 // that the suite left no sandbox running and nothing of one on the host.
 //
 // The JS tests skip, with the reason, what the desktop image cannot do yet
@@ -50,7 +48,6 @@ const e2bDomain = "e2b.test"
 // skips at the end.
 func TestE2BSDK(t *testing.T) {
 	needs.Root(t)
-	needs.Runtime(t, "runc")
 	needs.Image(t, filepath.Join(imageDir(), "desktop"))
 	needs.Command(t, "node", "npm")
 	nodeForSDK(t)
@@ -120,6 +117,7 @@ func testE2BSDK(t *testing.T, jsDir, backend string) {
 		"E2B_API_KEY=" + apiKey,
 		"NODE_EXTRA_CA_CERTS=" + caFile,
 		"CUBICLE_TLS_ADDR=" + tlsAddr,
+		"CUBICLE_E2E_SUITE_BACKEND=" + backend,
 		"NO_COLOR=1",
 	}
 	// Suite files are run one at a time: each one starts a desktop.

@@ -147,16 +147,17 @@ func assertNoHostVNC(t *testing.T, d *harness.Daemon, c *client.Client, id strin
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	// x11vnc serves RFB on the sandbox's own loopback...
-	res, err := c.Exec(ctx, id, client.ExecRequest{Argv: []string{"bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/5999 && timeout 5 head -c 12 <&3"}})
-	if err != nil || !strings.HasPrefix(res.Stdout, "RFB 00") {
-		t.Fatalf("x11vnc inside the sandbox: %+v %v, want an RFB greeting on 127.0.0.1:5999", res, err)
-	}
-	// ...and through the daemon's WebSocket.
+	// x11vnc serves RFB through the daemon's WebSocket (the viewer
+	// starts it: it runs only while someone watches)...
 	ws := dialVNC(t, d, id, "", "Authorization", "Bearer "+d.APIKey)
 	defer ws.CloseNow()
 	if _, err := rfb.NewClient(websocket.NetConn(ctx, ws, websocket.MessageBinary)).Handshake(true); err != nil {
 		t.Fatalf("live view handshake: %v", err)
+	}
+	// ...and on the sandbox's own loopback.
+	res, err := c.Exec(ctx, id, client.ExecRequest{Argv: []string{"bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/5999 && timeout 5 head -c 12 <&3"}})
+	if err != nil || !strings.HasPrefix(res.Stdout, "RFB 00") {
+		t.Fatalf("x11vnc inside the sandbox: %+v %v, want an RFB greeting on 127.0.0.1:5999", res, err)
 	}
 	ls, err := tcpListeners()
 	if err != nil {

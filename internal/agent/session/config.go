@@ -54,7 +54,28 @@ type Program struct {
 	// Env ("K=V") is added to the session's environment for this
 	// program; it is never read from the config.
 	Env []string `json:"-"`
+	// OnDemand, when set, runs the program only while something uses the
+	// loopback port it serves, instead of all the time.
+	OnDemand *OnDemand `json:"on_demand,omitempty"`
 }
+
+// OnDemand says when an on-demand program runs: from the moment a
+// connection to its port comes through the agent (GET /forward) until
+// IdleSeconds after the last such connection has closed. x11vnc is the
+// reason: with no viewer it still wakes every few milliseconds to poll the
+// screen for changes, the largest share of an idle desktop's CPU, for a
+// live view most sandboxes never open.
+type OnDemand struct {
+	// Port is the TCP port on the sandbox's loopback the program listens on.
+	Port int `json:"port"`
+	// IdleSeconds is how long the program keeps running after its last
+	// connection closed (default DefaultIdleSeconds): a viewer that
+	// reconnects, or a page reload, finds it still up.
+	IdleSeconds int `json:"idle_seconds,omitempty"`
+}
+
+// DefaultIdleSeconds is OnDemand.IdleSeconds when the config gives none.
+const DefaultIdleSeconds = 30
 
 // Vars are the placeholder values.
 type Vars struct {
@@ -165,6 +186,7 @@ func (c *Config) validate() error {
 		return errors.New("xvfb: empty argv")
 	}
 	seen := map[string]bool{}
+	ports := map[int]bool{}
 	for i, p := range c.Programs {
 		if p.Name == "" {
 			return fmt.Errorf("programs[%d]: no name", i)
@@ -175,6 +197,18 @@ func (c *Config) validate() error {
 		seen[p.Name] = true
 		if len(p.Argv) == 0 || p.Argv[0] == "" {
 			return fmt.Errorf("program %q: empty argv", p.Name)
+		}
+		if d := p.OnDemand; d != nil {
+			if d.Port < 1 || d.Port > 65535 {
+				return fmt.Errorf("program %q: on_demand.port %d: want 1..65535", p.Name, d.Port)
+			}
+			if d.IdleSeconds < 0 {
+				return fmt.Errorf("program %q: on_demand.idle_seconds %d: want 0 or more", p.Name, d.IdleSeconds)
+			}
+			if ports[d.Port] {
+				return fmt.Errorf("program %q: on_demand.port %d is another program's too", p.Name, d.Port)
+			}
+			ports[d.Port] = true
 		}
 	}
 	for i, w := range c.Usable {
@@ -230,7 +264,7 @@ func (c Config) Expand(v Vars) Config {
 		if user == "" {
 			user = "root"
 		}
-		out.Programs = append(out.Programs, Program{Name: p.Name, Argv: argv(p.Argv), User: user, Env: p.Env})
+		out.Programs = append(out.Programs, Program{Name: p.Name, Argv: argv(p.Argv), User: user, Env: p.Env, OnDemand: p.OnDemand})
 	}
 	return out
 }

@@ -16,7 +16,7 @@ const imageConfig = `{
   "programs": [
     {"name": "wm", "argv": ["openbox"], "user": "user"},
     {"name": "browser", "argv": ["/usr/local/bin/cubicle-browser", "{start_url}"], "user": "user"},
-    {"name": "vnc", "argv": ["x11vnc", "-display", "{display}", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"], "user": "root"},
+    {"name": "vnc", "argv": ["x11vnc", "-display", "{display}", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"], "user": "root", "on_demand": {"port": 5900, "idle_seconds": 5}},
     {"name": "term", "argv": ["sh", "-c", "open {start_url}"]}
   ]
 }`
@@ -38,7 +38,7 @@ func TestParseExpand(t *testing.T) {
 				Programs: []Program{
 					{Name: "wm", Argv: []string{"openbox"}, User: "user"},
 					{Name: "browser", Argv: []string{"/usr/local/bin/cubicle-browser"}, User: "user"},
-					{Name: "vnc", Argv: []string{"x11vnc", "-display", ":0", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"}, User: "root"},
+					{Name: "vnc", Argv: []string{"x11vnc", "-display", ":0", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"}, User: "root", OnDemand: &OnDemand{Port: 5900, IdleSeconds: 5}},
 					{Name: "term", Argv: []string{"sh", "-c", "open "}, User: "user"},
 				}},
 		},
@@ -50,7 +50,7 @@ func TestParseExpand(t *testing.T) {
 				Programs: []Program{
 					{Name: "wm", Argv: []string{"openbox"}, User: "user"},
 					{Name: "browser", Argv: []string{"/usr/local/bin/cubicle-browser", "https://example.com/?a=1&b={x}"}, User: "user"},
-					{Name: "vnc", Argv: []string{"x11vnc", "-display", ":0", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"}, User: "root"},
+					{Name: "vnc", Argv: []string{"x11vnc", "-display", ":0", "-localhost", "-rfbport", "5900", "-forever", "-shared", "-nopw", "-quiet"}, User: "root", OnDemand: &OnDemand{Port: 5900, IdleSeconds: 5}},
 					{Name: "term", Argv: []string{"sh", "-c", "open https://example.com/?a=1&b={x}"}, User: "user"},
 				}},
 		},
@@ -70,19 +70,24 @@ func TestParseExpand(t *testing.T) {
 
 func TestParseErrors(t *testing.T) {
 	tests := map[string]string{
-		"bad display":      `{"display": "0", "xvfb": ["Xvfb"]}`,
-		"display garbage":  `{"display": ":01", "xvfb": ["Xvfb"]}`,
-		"no xvfb":          `{"display": ":0", "xvfb": []}`,
-		"unknown field":    `{"display": ":0", "xvfb": ["Xvfb"], "extra": 1}`,
-		"no name":          `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"argv": ["a"]}]}`,
-		"duplicate":        `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"]}, {"name": "a", "argv": ["b"]}]}`,
-		"named as X":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "xvfb", "argv": ["a"]}]}`,
-		"empty argv":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": []}]}`,
-		"NUL":              `{"display": ":0", "xvfb": ["Xvfb", "a\u0000"]}`,
-		"trailing":         `{"display": ":0", "xvfb": ["Xvfb"]} {}`,
-		"not json":         `display=:0`,
-		"usable, no class": `{"display": ":0", "xvfb": ["Xvfb"], "usable": [{"focused": true}]}`,
-		"usable, unknown":  `{"display": ":0", "xvfb": ["Xvfb"], "usable": [{"class": "a", "title": "b"}]}`,
+		"bad display":              `{"display": "0", "xvfb": ["Xvfb"]}`,
+		"display garbage":          `{"display": ":01", "xvfb": ["Xvfb"]}`,
+		"no xvfb":                  `{"display": ":0", "xvfb": []}`,
+		"unknown field":            `{"display": ":0", "xvfb": ["Xvfb"], "extra": 1}`,
+		"no name":                  `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"argv": ["a"]}]}`,
+		"duplicate":                `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"]}, {"name": "a", "argv": ["b"]}]}`,
+		"named as X":               `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "xvfb", "argv": ["a"]}]}`,
+		"empty argv":               `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": []}]}`,
+		"NUL":                      `{"display": ":0", "xvfb": ["Xvfb", "a\u0000"]}`,
+		"trailing":                 `{"display": ":0", "xvfb": ["Xvfb"]} {}`,
+		"not json":                 `display=:0`,
+		"usable, no class":         `{"display": ":0", "xvfb": ["Xvfb"], "usable": [{"focused": true}]}`,
+		"usable, unknown":          `{"display": ":0", "xvfb": ["Xvfb"], "usable": [{"class": "a", "title": "b"}]}`,
+		"on_demand, no port":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"], "on_demand": {}}]}`,
+		"on_demand, port 70000":    `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"], "on_demand": {"port": 70000}}]}`,
+		"on_demand, negative idle": `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"], "on_demand": {"port": 1, "idle_seconds": -1}}]}`,
+		"on_demand, same port":     `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"], "on_demand": {"port": 1}}, {"name": "b", "argv": ["b"], "on_demand": {"port": 1}}]}`,
+		"on_demand, unknown":       `{"display": ":0", "xvfb": ["Xvfb"], "programs": [{"name": "a", "argv": ["a"], "on_demand": {"port": 1, "when": "now"}}]}`,
 	}
 	for name, in := range tests {
 		if _, err := Parse([]byte(in)); err == nil {
@@ -167,6 +172,11 @@ func TestImageSessions(t *testing.T) {
 		}
 		if strings.Contains(p, "/desktop/") && len(c.Usable) < 3 {
 			t.Errorf("%s: usable %+v, want XFCE's panel and desktop too", p, c.Usable)
+		}
+		// The live view's VNC server runs only while someone watches
+		// (cubicled forwards to port 5999, api.DefaultVNCPort).
+		if !slices.ContainsFunc(c.Programs, func(p Program) bool { return p.Name == "vnc" && p.OnDemand != nil && p.OnDemand.Port == 5999 }) {
+			t.Errorf("%s: no vnc program on demand at port 5999", p)
 		}
 	}
 }

@@ -64,7 +64,7 @@ func FromFound(f detect.Found) (Config, bool) {
 	if f.VNC != "" {
 		c.Programs = append(c.Programs, Program{Name: "vnc", User: "root", Argv: []string{f.VNC,
 			"-display", ":0", "-localhost", "-rfbport", "5999", "-forever", "-shared", "-nopw", "-quiet",
-			"-nolookup", "-noipv6", "-rfbportv6", "-1"}})
+			"-nolookup", "-noipv6", "-rfbportv6", "-1"}, OnDemand: &OnDemand{Port: 5999}})
 	}
 	return c, true
 }

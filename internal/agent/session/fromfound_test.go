@@ -27,7 +27,7 @@ func TestSessionConfig(t *testing.T) {
 					{Name: "session", Argv: []string{"/usr/bin/env", "XFCE_PANEL_MIGRATE_DEFAULT=1", "/usr/bin/dbus-run-session", "--", "/usr/bin/startxfce4"}, User: "alice"},
 					{Name: "browser", Argv: append(append([]string{"/usr/bin/chromium"}, expandAll(chromiumFlags, vars)...), "http://example.test/"), User: "alice"},
 					{Name: "vnc", User: "root", Argv: []string{"/usr/bin/x11vnc", "-display", ":0", "-localhost", "-rfbport", "5999",
-						"-forever", "-shared", "-nopw", "-quiet", "-nolookup", "-noipv6", "-rfbportv6", "-1"}},
+						"-forever", "-shared", "-nopw", "-quiet", "-nolookup", "-noipv6", "-rfbportv6", "-1"}, OnDemand: &OnDemand{Port: 5999}},
 				}},
 		},
 		{

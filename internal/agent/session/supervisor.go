@@ -2,7 +2,8 @@
 // the image's /etc/cubicle/session.json: the Xvfb X server, then each
 // program (window manager, browser, VNC server) as its configured user.
 // Programs that exit are restarted with backoff; if Xvfb dies it is
-// restarted and the agent's X connection re-established. The session is
+// restarted and the agent's X connection re-established. An on-demand
+// program (x11vnc) runs only while a connection uses its port (Acquire). The session is
 // ready when the first screenshot succeeds. Only cmd/cubicle-agent imports
 // it.
 package session
@@ -83,6 +84,8 @@ type Supervisor struct {
 	xvfb       []string
 	geomEnv    []string
 	restartNow bool
+	// demands holds the on-demand programs by the port they serve.
+	demands map[int]*demand
 }
 
 // New returns a supervisor of cfg, which must be expanded (Config.Expand).
@@ -122,12 +125,24 @@ func New(cfg Config, opts Options) (*Supervisor, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Supervisor{
+	s := &Supervisor{
 		cfg: cfg, opts: opts, log: opts.Logger.With("component", "session"),
 		ctx: ctx, cancel: cancel,
 		ready: make(chan struct{}), up: make(chan struct{}), children: map[int]string{},
-		xvfb: slices.Clone(cfg.Xvfb),
-	}, nil
+		xvfb: slices.Clone(cfg.Xvfb), demands: map[int]*demand{},
+	}
+	s.addDemands(cfg.Programs)
+	return s, nil
+}
+
+// addDemands registers progs' on-demand programs; the caller holds s.mu
+// or has not shared s yet.
+func (s *Supervisor) addDemands(progs []Program) {
+	for _, p := range progs {
+		if p.OnDemand != nil {
+			s.demands[p.OnDemand.Port] = newDemand(p.OnDemand)
+		}
+	}
 }
 
 // Start starts Xvfb and the programs in the background and returns at
@@ -154,7 +169,11 @@ func (s *Supervisor) Add(progs []Program) error {
 		if p.Name == "" || len(p.Argv) == 0 || p.Argv[0] == "" {
 			return fmt.Errorf("session: added program %d has no name or argv", i)
 		}
+		if p.OnDemand != nil && s.demands[p.OnDemand.Port] != nil {
+			return fmt.Errorf("session: added program %q: port %d already has an on-demand program", p.Name, p.OnDemand.Port)
+		}
 	}
+	s.addDemands(progs)
 	if s.opts.DevTools {
 		progs = devToolsPrograms(progs)
 	}
@@ -532,6 +551,13 @@ func xvfbExited(status <-chan reap.Status) bool {
 func (s *Supervisor) runProgram(p Program) {
 	defer s.wg.Done()
 	defer s.progs.Done()
+	if p.OnDemand != nil {
+		s.mu.Lock()
+		d := s.demands[p.OnDemand.Port]
+		s.mu.Unlock()
+		s.runDemand(p, d)
+		return
+	}
 	bo := backoff{min: s.opts.MinBackoff, max: s.opts.MaxBackoff, stable: s.opts.StableAfter}
 	for {
 		select {
