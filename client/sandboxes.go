@@ -224,9 +224,11 @@ type createOptions struct{ noWait bool }
 // see it reach StateRunning or StateFailed.
 func WithoutWait() CreateOption { return func(o *createOptions) { o.noWait = true } }
 
-// Create starts a sandbox. By default it returns once the desktop is ready
-// for a screenshot, which takes as long as the boot; on failure the daemon
-// leaves nothing behind. Create is never retried.
+// Create starts a sandbox. By default it returns once the desktop is
+// usable (the image's session complete: keys typed at once reach
+// Chromium), which takes as long as the boot, or the restore of a boot
+// template; on failure the daemon leaves nothing behind. Create is never
+// retried.
 func (c *Client) Create(ctx context.Context, req CreateRequest, opts ...CreateOption) (Sandbox, error) {
 	var o createOptions
 	for _, f := range opts {

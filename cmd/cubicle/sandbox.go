@@ -25,8 +25,10 @@ func createCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "create",
 		Short: "Create a sandbox and print its ID",
-		Long: `Create a sandbox. By default it waits until the desktop is ready for a
-screenshot; --no-wait returns at once with the sandbox starting.`,
+		Long: `Create a sandbox. By default it waits until the desktop is usable (the
+image's session complete: for the desktop image XFCE's panel and desktop up
+and Chromium focused, so keys typed at once reach it); --no-wait returns at
+once with the sandbox starting.`,
 		Args: exactArgs(),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error

@@ -104,7 +104,7 @@ func run() error {
 		publicURL      = fs.String("public-url", "", "scheme://host[:port] that live-view links point at; default: the Host each request used (CUBICLE_PUBLIC_URL)")
 		viewOrigins    = fs.String("view-origins", "", "comma-separated extra Origin host patterns allowed to open live-view WebSockets (CUBICLE_VIEW_ORIGINS)")
 		viewKeepsAlive = fs.Bool("view-keeps-alive", false, "an open live view counts as activity for the idle timeout (CUBICLE_VIEW_KEEPS_ALIVE=1)")
-		bootTemplates  = fs.Bool("boot-templates", false, "start desktops from boot templates (off by default for now: a restored gVisor box holds more memory than a booted one): the first create of an image and shape on a backend that snapshots (gvisor, qemu) boots one to a usable desktop and snapshots it, and later creates restore it (CUBICLE_BOOT_TEMPLATES=1)")
+		bootTemplates  = fs.Bool("boot-templates", true, "start desktops from boot templates: the first create of an image and shape on a backend that snapshots (gvisor, qemu) boots one to a usable desktop and snapshots it, and later creates restore it; false boots every desktop (CUBICLE_BOOT_TEMPLATES)")
 		e2bEnable      = fs.Bool("e2b", true, "serve E2B's control and data planes on the API port, for the unmodified e2b / @e2b/desktop SDKs (CUBICLE_E2B=0 turns it off)")
 		e2bDomain      = fs.String("e2b-domain", "", "domain of E2B host routing: <port>-<sandbox>.<domain> reaches a sandbox's port (CUBICLE_E2B_DOMAIN)")
 		tlsListen      = fs.String("tls-listen", "", "also serve everything over TLS on this address, e.g. :443 (CUBICLE_TLS_LISTEN)")

@@ -425,20 +425,38 @@ func (m *Manager) fromSnapshot(ctx context.Context, req CreateRequest) (CreateRe
 // before anyone can reach it.
 func (m *Manager) restoreBoot(sn driver.Snapshotter, s *snap, e *entry) bootFunc {
 	return func(ctx context.Context, spec driver.Spec) (driver.Box, *agentclient.Client, bool, error) {
-		box, err := sn.Restore(ctx, s.Driver, m.snapshotDir(s.ID), spec)
+		box, c, err := m.restoreRekeyed(ctx, sn, s.Driver, m.snapshotDir(s.ID), spec, record{Token: s.Token, Sandbox: Sandbox{IP: s.IP}}, e)
 		if err != nil {
-			return nil, nil, false, fmt.Errorf("restore snapshot %s: %w", s.ID, err)
-		}
-		src := record{Token: s.Token, Sandbox: Sandbox{IP: s.IP}}
-		c, err := m.rekey(ctx, box, src, e, spec.Net)
-		if err != nil {
-			if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
-				err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
-			}
-			return nil, nil, false, err
+			return nil, nil, false, fmt.Errorf("snapshot %s: %w", s.ID, err)
 		}
 		return box, c, s.Desktop == nil || *s.Desktop, nil
 	}
+}
+
+// restoreRekeyed restores the box saved in dir (state is the driver's
+// own, from the save) for e and re-keys it as a fork is: the copy
+// answers to src's token until then. A box that cannot be re-keyed is
+// stopped: what is restored from a snapshot or a boot template is never
+// left with another sandbox's identity.
+func (m *Manager) restoreRekeyed(ctx context.Context, sn driver.Snapshotter, state driver.State, dir string, spec driver.Spec, src record, e *entry) (driver.Box, *agentclient.Client, error) {
+	box, err := sn.Restore(ctx, state, dir, spec) // its errors say "restore: …"
+	if err != nil {
+		return nil, nil, err
+	}
+	c, err := m.rekey(ctx, box, src, e, spec.Net)
+	if err != nil {
+		return nil, nil, stopAfter(ctx, box, err)
+	}
+	return box, c, nil
+}
+
+// stopAfter stops box after err, which it returns with the stop's own
+// failure joined.
+func stopAfter(ctx context.Context, box driver.Box, err error) error {
+	if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
+		err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
+	}
+	return err
 }
 
 // loadSnapshots reads the stored snapshots and removes the directories

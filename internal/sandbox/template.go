@@ -319,31 +319,19 @@ func (m *Manager) templateBoot(d driver.Driver, sn driver.Snapshotter, k tmplKey
 }
 
 func (m *Manager) restoreTemplate(ctx context.Context, sn driver.Snapshotter, t *tmpl, e *entry, spec driver.Spec, apply bool) (driver.Box, *agentclient.Client, error) {
-	box, err := sn.Restore(ctx, t.state, m.templateDir(t.id), spec)
+	box, c, err := m.restoreRekeyed(ctx, sn, t.state, m.templateDir(t.id), spec, record{Token: t.token, Sandbox: Sandbox{IP: t.ip}}, e)
+	if err != nil || !apply {
+		return box, c, err
+	}
+	m.mu.Lock()
+	req := &desktoppb.ApplySessionRequest{Token: e.rec.Token, Env: e.rec.Request.Env, StartUrl: e.rec.Request.StartURL}
+	m.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	_, err = c.Desktop.ApplySession(actx, connect.NewRequest(req))
+	cancel()
 	if err != nil {
-		return nil, nil, fmt.Errorf("restore: %w", err)
-	}
-	stop := func(err error) (driver.Box, *agentclient.Client, error) {
-		if serr := box.Stop(context.WithoutCancel(ctx)); serr != nil {
-			err = errors.Join(err, fmt.Errorf("stop box: %w", serr))
-		}
-		return nil, nil, err
-	}
-	c, err := m.rekey(ctx, box, record{Token: t.token, Sandbox: Sandbox{IP: t.ip}}, e, spec.Net)
-	if err != nil {
-		return stop(err)
-	}
-	if apply {
-		m.mu.Lock()
-		req := &desktoppb.ApplySessionRequest{Token: e.rec.Token, Env: e.rec.Request.Env, StartUrl: e.rec.Request.StartURL}
-		m.mu.Unlock()
-		actx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err = c.Desktop.ApplySession(actx, connect.NewRequest(req))
-		cancel()
-		if err != nil {
-			c.Close()
-			return stop(fmt.Errorf("apply session: %w", err))
-		}
+		c.Close()
+		return nil, nil, stopAfter(ctx, box, fmt.Errorf("apply session: %w", err))
 	}
 	return box, c, nil
 }

@@ -287,8 +287,9 @@ func runIdle(imageDir, out string, counts []int, compare int, settle, window tim
 func idleReport(runs []idleRun, settle, window time.Duration) string {
 	var b strings.Builder
 	b.WriteString("## Idle desktops (`go run ./test/bench -only-idle`, " + time.Now().UTC().Format("2006-01-02") + ")\n\n")
-	fmt.Fprintf(&b, "XFCE desktops (`desktop`, 1024×768, Chromium on its start page) on gvisor, created one after another on one daemon and left alone; %v after the last create, each sandbox's host cgroup is read over %v: its CPU time, and its memory (anonymous plus shared: the Sentry's memory file, which holds what the box's processes allocated; file pages of the image are the host's page cache, shared by all). Host: the machine's busy time over the same window (/proc/stat), and MemTotal − MemAvailable against before the first create. Target (issue 26): 80 idle desktops in 24 GiB, together under half of 2 cores (100 %% of one core).\n\n", settle, window)
+	fmt.Fprintf(&b, "XFCE desktops (`desktop`, 1024×768, Chromium on its start page) on gvisor, created one after another on one daemon and left alone; %v after the last create, each sandbox's host cgroup is read over %v: its CPU time, and its memory (anonymous plus shared: the Sentry's memory file, which holds what the box's processes allocated; file pages of the image are the host's page cache, shared by all). Host: the machine's busy time over the same window (/proc/stat), and MemTotal − MemAvailable against before the first create. Host busy includes what else runs on the machine (the kernel's kdamond, the machine's own agents) and cubicled. Target (issue 26): 80 idle desktops in 24 GiB, together under half of 2 cores (100 %% of one core).\n\n", settle, window)
 	b.WriteString("| desktops | how started | CPU, all sandboxes (% of one core) | per desktop p50 | max | memory per desktop p50 | max | host busy (% of one core) | host memory used, growth | per desktop |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	var notes []string
 	for _, r := range runs {
 		if r.err != nil {
 			fmt.Fprintf(&b, "| — | %s | failed: %v ||||||||\n", r.label, r.err)
@@ -308,9 +309,12 @@ func idleReport(runs []idleRun, settle, window time.Duration) string {
 			fmt.Fprintf(&b, "| %d | %s | %.1f %% | %.2f %% | %.2f %% | %d MiB | %d MiB | %.1f %% | %.1f GiB | %d MiB |\n", s.n, r.label,
 				s.cpuPct, medianF(s.perCPU), maxC, median64(s.memPer)>>20, maxM>>20, s.hostBusyPct, float64(s.hostUsedGrow)/(1<<30), per>>20)
 			if s.note != "" {
-				fmt.Fprintf(&b, "\n%s\n\n", s.note)
+				notes = append(notes, r.label+": "+s.note+".")
 			}
 		}
+	}
+	for _, n := range notes {
+		b.WriteString("\n" + n + "\n")
 	}
 	b.WriteString("\nWhat an idle desktop no longer runs: x11vnc starts when a live view (or a recording) connects and stops 30 s after the last one leaves (`on_demand` in the image's session.json); with no viewer it polled the screen, the largest share of an idle desktop's CPU. Chromium runs as 4 processes instead of 9 (GPU and network services in the browser process, no zygotes, no spare renderer).\n")
 	return b.String()

@@ -80,7 +80,7 @@ export interface CreateOptions extends CallOptions {
   /**
    * false returns at once with the sandbox "starting" (?wait=false); poll
    * get until it is "running" or "failed". Default true: create returns
-   * once the desktop is ready for a screenshot.
+   * once the desktop is usable (its session complete, Chromium focused).
    */
   wait?: boolean;
 }
@@ -222,7 +222,8 @@ export class Cubicle {
 
   /**
    * create starts a sandbox. By default it returns once its desktop is
-   * ready for a screenshot; on failure the daemon leaves nothing behind.
+   * usable (keys typed at once reach Chromium); on failure the daemon
+   * leaves nothing behind.
    * It is never retried.
    */
   create(req: CreateSandboxRequest = {}, opts: CreateOptions = {}): Promise<Sandbox> {
