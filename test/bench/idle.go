@@ -316,6 +316,6 @@ func idleReport(runs []idleRun, settle, window time.Duration) string {
 	for _, n := range notes {
 		b.WriteString("\n" + n + "\n")
 	}
-	b.WriteString("\nWhat an idle desktop no longer runs: x11vnc starts when a live view (or a recording) connects and stops 30 s after the last one leaves (`on_demand` in the image's session.json); with no viewer it polled the screen, the largest share of an idle desktop's CPU. Chromium runs as 4 processes instead of 9 (GPU and network services in the browser process, no zygotes, no spare renderer).\n")
+	b.WriteString("\nWhat an idle desktop no longer runs: x11vnc starts when a live view (or a recording) connects and stops 30 s after the last one leaves (`on_demand` in the image's session.json); with no viewer it polled the screen, the largest share of an idle desktop's CPU. Chromium runs as 4 processes instead of 9 (GPU and network services in the browser process, no zygotes, no spare renderer). Before (issue 26's own measure, on Debian's runsc of 2022 with x11vnc always on): 20 idle desktops held 99 % of the 2 cores, each Sentry 10–19 % of a core; on the pinned runsc with x11vnc running, 5 desktops measured here 1.3 % of a core each, of which x11vnc was about a third (its own CPU time in the box).\n")
 	return b.String()
 }
