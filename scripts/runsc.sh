@@ -40,9 +40,15 @@ esac
 
 log() { echo "runsc: $*"; }
 
-# says_version FILE: FILE runs and names the pinned version.
+# says_version FILE: FILE runs and names the pinned version. Its output is
+# read whole first: in a pipe to head (under pipefail), runsc writing its
+# second line after head had exited died of SIGPIPE, and a good build
+# failed the check now and then.
 says_version() {
-  [ -x "$1" ] && "$1" --version 2>/dev/null | head -n 1 | grep -qF "runsc version $version"
+  local out
+  [ -x "$1" ] || return 1
+  out=$("$1" --version 2>/dev/null) || return 1
+  [ "${out%%$'\n'*}" = "runsc version $version" ]
 }
 
 if ! says_version "$bin"; then

@@ -270,15 +270,15 @@ func medianOf[T int64 | float64](v []T) T {
 }
 
 // runIdle is `bench -only-idle`: idle XFCE desktops on gvisor at each of
-// counts, booted cold; then, when compare > 0, that many booted cold
-// against as many restored from a boot template, each on a daemon of its
-// own, for the memory a restored desktop holds.
+// counts, as the daemon starts them by default (restored from a boot
+// template); then, when compare > 0, that many booted cold on a daemon of
+// their own, for what a template saves.
 func runIdle(imageDir, out string, counts []int, compare int, settle, window time.Duration) error {
 	defer harness.RemoveBuild()
 	ctx := context.Background()
-	runs := []idleRun{measureIdle(ctx, imageDir, "booted", []string{"--boot-templates=false"}, counts, settle, window)}
+	runs := []idleRun{measureIdle(ctx, imageDir, "restored from a boot template (the default)", []string{"--boot-templates=true"}, counts, settle, window)}
 	if compare > 0 {
-		runs = append(runs, measureIdle(ctx, imageDir, "restored from a boot template", []string{"--boot-templates=true"}, []int{compare}, settle, window))
+		runs = append(runs, measureIdle(ctx, imageDir, "booted (--boot-templates=false)", []string{"--boot-templates=false"}, []int{compare}, settle, window))
 	}
 	return harness.ReplaceSection(out, "idle", idleReport(runs, settle, window))
 }
