@@ -950,11 +950,32 @@ func (c *Cluster) Place(backend string) ([]Node, error) {
 	if why := c.Degraded(); why != "" {
 		return nil, fmt.Errorf("%w (%s)", ErrUnavailable, why)
 	}
+	// A node that has just started may not see its own record yet (its
+	// first write is on its way, or not yet back through the watch): it
+	// is a member all the same and places on itself as its record will
+	// say. Without this the first create after a start could find no
+	// node with room on a cluster of one.
+	c.mu.Lock()
+	_, known := c.nodes[c.cfg.Name]
+	c.mu.Unlock()
+	var self *Node
+	if !known {
+		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		self = &Node{Name: c.cfg.Name, URL: c.cfg.URL, Version: c.cfg.Version, Started: c.started, Load: c.cfg.Local.Load(lctx)}
+		cancel()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	members := make([]Node, 0, len(c.nodes)+1)
+	for _, n := range c.nodes {
+		members = append(members, n)
+	}
+	if _, ok := c.nodes[c.cfg.Name]; !ok && self != nil {
+		members = append(members, *self)
+	}
 	fits := func(withPending bool) []Node {
 		var fit []Node
-		for _, n := range c.nodes {
+		for _, n := range members {
 			room := n.MaxSandboxes - n.Live
 			if withPending {
 				room -= c.pendingOf(n.Name)

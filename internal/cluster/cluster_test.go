@@ -522,3 +522,29 @@ func TestTLSAndAuth(t *testing.T) {
 		}
 	}
 }
+
+// TestPlaceBeforeOwnRecord: a node whose state is loaded but whose own
+// record has not come back through its watch yet (the moment after a
+// start) places on itself, as its record will say; it did once refuse the
+// first create on a cluster of one with "no node has room".
+func TestPlaceBeforeOwnRecord(t *testing.T) {
+	etcd := etcdtest.Start(t, 1)
+	c, err := New(Config{Endpoints: etcd.Endpoints(), Name: "solo", URL: "http://solo.test", Version: "test",
+		LeaseTTL: 5 * time.Second, Local: newFakeLocal(2, "gvisor")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.cli.Close() })
+	// Not Run: as just after a start, etcd answers and the state is
+	// loaded, but the node's own record is not in its view.
+	c.mu.Lock()
+	c.synced, c.problem, c.lastOK = true, "", time.Now()
+	c.mu.Unlock()
+	nodes, err := c.Place("gvisor")
+	if err != nil || len(nodes) != 1 || nodes[0].Name != "solo" || nodes[0].URL != "http://solo.test" {
+		t.Fatalf("Place(gvisor) before the own record = %+v, %v; want this node", nodes, err)
+	}
+	if nodes, err := c.Place("runc"); err != nil || len(nodes) != 0 {
+		t.Fatalf("Place(runc) = %+v, %v; want no node (this one has no runc)", nodes, err)
+	}
+}
