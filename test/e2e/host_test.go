@@ -16,6 +16,8 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/cubicle-dev/cubicle/internal/driver/oci"
 )
 
 // Where the backends leave things on the host, besides the daemon's data
@@ -70,8 +72,11 @@ func backendTraces(dataDir, backend, id string) []string {
 			left = append(left, "firecracker jail "+j)
 		}
 	case "gvisor", "runc":
-		if _, err := os.Stat(filepath.Join(dataDir, "oci", backend, "runtime-root", id)); err == nil {
-			left = append(left, "runtime state "+filepath.Join(dataDir, "oci", backend, "runtime-root", id))
+		// runc keeps a directory per container, runsc ID_sandbox:ID.state
+		// and .lock files.
+		root := oci.DefaultRuntimeRoot(filepath.Join(dataDir, "oci", backend))
+		if recs, _ := filepath.Glob(filepath.Join(root, id+"*")); len(recs) > 0 {
+			left = append(left, "runtime state "+strings.Join(recs, " "))
 		}
 	}
 	for _, c := range cgroupDirs(id) {

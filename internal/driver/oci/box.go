@@ -295,6 +295,16 @@ func (d *Driver) Cleanup(ctx context.Context, keep map[string]bool) error {
 			errs = append(errs, err)
 		}
 	}
+	// Runtime roots of state directories that are gone (root.go), and
+	// the legacy root under this one once it records no container.
+	if err := pruneRoots(); err != nil {
+		errs = append(errs, err)
+	}
+	if legacy := filepath.Join(d.cfg.StateDir, "runtime-root"); legacy != d.runtimeRoot() {
+		if err := os.RemoveAll(legacy); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	// runsc lock files of containers that are gone (see removeRunscLocks).
 	if d.isRunsc() {
 		locks, _ := filepath.Glob(filepath.Join(d.runtimeRoot(), "*_sandbox:*.lock"))

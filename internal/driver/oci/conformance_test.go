@@ -2,6 +2,7 @@ package oci_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -26,8 +27,9 @@ func TestConformance(t *testing.T) {
 				if err := oci.New(cfg).Cleanup(context.Background(), nil); err != nil {
 					t.Errorf("final Cleanup: %v", err)
 				}
+				os.RemoveAll(oci.DefaultRuntimeRoot(cfg.StateDir))
 			})
-			drivertest.Run(t, func(*testing.T) driver.Driver { return oci.New(cfg) }, drivertest.StateDirs(cfg.StateDir), drivertest.Copies())
+			drivertest.Run(t, func(*testing.T) driver.Driver { return oci.New(cfg) }, drivertest.StateDirs(cfg.StateDir, oci.DefaultRuntimeRoot(cfg.StateDir)), drivertest.Copies())
 		})
 	}
 }

@@ -15,7 +15,8 @@
 //	console.log      the container's stdout and stderr (and the runtime's)
 //	pid              the runtime's pid file
 //
-// and the runtime's own state in STATEDIR/runtime-root. The config is built
+// and the runtime's own state (its state and lock files) in RuntimeRoot,
+// off the data disk (see DefaultRuntimeRoot). The config is built
 // from the runtime-spec Go types (github.com/opencontainers/runtime-spec) so
 // it is checked by the compiler against the very schema runsc and runc parse,
 // rather than hand-written JSON that drifts. The rootfs is an overlayfs mount
@@ -36,6 +37,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -46,6 +48,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/driver"
 	"github.com/cubicle-dev/cubicle/internal/driver/hostfile"
+	"github.com/cubicle-dev/cubicle/internal/procwatch"
 )
 
 // Config configures a Driver.
@@ -64,6 +67,11 @@ type Config struct {
 	// RuntimeArgs are extra global flags for the runtime (before the
 	// subcommand), e.g. ["--platform=kvm"] or ["--debug-log=/tmp/runsc/"].
 	RuntimeArgs []string
+	// RuntimeRoot is the runtime's --root, where it keeps its state and
+	// lock files; empty means DefaultRuntimeRoot(StateDir), or
+	// STATEDIR/runtime-root when an earlier version's boxes are still
+	// recorded there.
+	RuntimeRoot string
 	// DiskMB bounds what a box can write to its root filesystem: its
 	// writable layer is an ext4 filesystem of this size in a sparse file
 	// (loop-mounted), so a full disk is the box's ENOSPC and not the
@@ -95,6 +103,12 @@ func New(cfg Config) *Driver {
 	if cfg.RuntimePath == "" && cfg.Runtime == "runsc" {
 		cfg.RuntimePath = DefaultRunscPath
 	}
+	if cfg.RuntimeRoot == "" {
+		cfg.RuntimeRoot = DefaultRuntimeRoot(cfg.StateDir)
+		if legacyRoot(cfg.StateDir) {
+			cfg.RuntimeRoot = filepath.Join(cfg.StateDir, "runtime-root")
+		}
+	}
 	if cfg.RuntimePath == "" {
 		if p, err := exec.LookPath(cfg.Runtime); err == nil { //depcheck:runs runc
 			cfg.RuntimePath = p
@@ -124,7 +138,7 @@ func (d *Driver) Isolation() string {
 
 func (d *Driver) isRunsc() bool { return d.cfg.Runtime == "runsc" }
 
-func (d *Driver) runtimeRoot() string { return filepath.Join(d.cfg.StateDir, "runtime-root") }
+func (d *Driver) runtimeRoot() string { return d.cfg.RuntimeRoot }
 
 func (d *Driver) boxDir(id string) string { return filepath.Join(d.cfg.StateDir, id) }
 
@@ -174,6 +188,9 @@ func (d *Driver) Available(ctx context.Context) error {
 	var st unix.Statfs_t
 	if err := unix.Statfs(d.cfg.StateDir, &st); err == nil && st.Type == unix.OVERLAYFS_SUPER_MAGIC {
 		return d.unavailable("state directory %s is on overlayfs, which cannot hold an overlay upper layer", d.cfg.StateDir)
+	}
+	if err := d.claimRoot(); err != nil {
+		return d.unavailable("runtime root: %v", err)
 	}
 	if d.cfg.DiskMB > 0 {
 		for _, tool := range []string{"mkfs.ext4", "mount"} {
@@ -543,6 +560,16 @@ func (d *Driver) deleteContainer(ctx context.Context, id string) error {
 	if err != nil && isNotExist(err) {
 		err = nil
 	}
+	if err != nil {
+		// The runtime could not end it — its records unreadable (a state
+		// file a full disk cut short, root.go), or the runtime stuck — so
+		// the driver ends what runs of the box itself.
+		if ferr := d.forceEnd(id); ferr != nil {
+			err = errors.Join(err, ferr)
+		} else {
+			err = nil
+		}
+	}
 	if err == nil && d.isRunsc() {
 		d.removeRunscLocks(id)
 	}
@@ -561,6 +588,67 @@ func (d *Driver) removeRunscLocks(id string) {
 	for _, l := range locks {
 		_ = os.Remove(l)
 	}
+}
+
+// forceEnd ends container id without its runtime: it kills the host
+// processes of the box — those in its cgroups (runc's container, runsc's
+// sandbox), and those naming its bundle in their arguments (runsc's
+// gofer and sandbox, a runtime call still going; nothing else does) —
+// waits for them to be gone, and removes what the runtime recorded of it
+// in its root.
+func (d *Driver) forceEnd(id string) error {
+	bundle := filepath.Join(d.boxDir(id), "bundle")
+	ps, err := procwatch.FindOwn(func(argv []string) bool {
+		for i, a := range argv {
+			if a == "--bundle="+bundle || (a == "--bundle" && i+1 < len(argv) && argv[i+1] == bundle) {
+				return true
+			}
+		}
+		return false
+	})
+	if err != nil {
+		return err
+	}
+	for _, cg := range cgroupDirs(id) {
+		raw, _ := os.ReadFile(filepath.Join(cg, "cgroup.procs"))
+		for _, f := range strings.Fields(string(raw)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				if p, err := procwatch.Lookup(pid); err == nil {
+					ps = append(ps, p)
+				}
+			}
+		}
+	}
+	for _, p := range ps {
+		if p.Alive() {
+			_ = syscall.Kill(p.Pid, syscall.SIGKILL)
+		}
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left := 0
+		for _, p := range ps {
+			if p.Alive() {
+				left++
+			}
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("end %s without its runtime: %d of its processes still alive after SIGKILL", id, left)
+		}
+	}
+	recs, _ := filepath.Glob(filepath.Join(d.runtimeRoot(), id+"_sandbox:*"))
+	if !d.isRunsc() {
+		recs = append(recs, filepath.Join(d.runtimeRoot(), id))
+	}
+	var errs []error
+	for _, r := range recs {
+		if err := os.RemoveAll(r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func isNotExist(err error) bool {

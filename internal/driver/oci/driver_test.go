@@ -55,6 +55,7 @@ func newTestDriver(t *testing.T, runtime string) (*Driver, string) {
 		if err := d.Cleanup(context.Background(), nil); err != nil {
 			t.Errorf("final Cleanup: %v", err)
 		}
+		os.RemoveAll(d.runtimeRoot())
 	})
 	return d, image
 }
@@ -370,5 +371,38 @@ func TestCleanupRemovesRunscLocks(t *testing.T) {
 		if _, err := os.Stat(path); (err == nil) != want {
 			t.Errorf("%s: exists %v, want %v", filepath.Base(path), err == nil, want)
 		}
+	}
+}
+
+// TestStopWithoutRuntimeRecords: a box whose runtime records are
+// unreadable (a state file cut short, as a full disk once left runsc's)
+// is one its runtime can neither reach nor end. Stop must end it all the
+// same, and leave nothing.
+func TestStopWithoutRuntimeRecords(t *testing.T) {
+	for _, rt := range runtimes {
+		t.Run(rt, func(t *testing.T) {
+			d, image := newTestDriver(t, rt)
+			ctx := context.Background()
+			id := "tnorecords" + rt[3:]
+			b, err := d.Create(ctx, driver.Spec{ID: id, Shape: driver.Shape{Image: image}, Session: driver.Session{Token: "x"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := b.(*box).data.Pid
+			state := filepath.Join(d.runtimeRoot(), id+"_sandbox:"+id+".state")
+			if rt == "runc" {
+				state = filepath.Join(d.runtimeRoot(), id, "state.json")
+			}
+			if err := os.WriteFile(state, []byte(`{"id":`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.state(ctx, id); err == nil {
+				t.Fatalf("the runtime still reads %s: the test breaks nothing", state)
+			}
+			if err := b.Stop(ctx); err != nil {
+				t.Fatalf("Stop: %v", err)
+			}
+			assertGone(t, d, id, pid)
+		})
 	}
 }

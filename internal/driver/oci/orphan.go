@@ -85,6 +85,18 @@ const cgroupParent = "cubicle"
 // rmdir removes only an empty cgroup, so one that still has tasks stays,
 // and is reported.
 func removeCgroups(id string) error {
+	var errs []error
+	for _, dir := range cgroupDirs(id) {
+		if err := syscall.Rmdir(dir); err != nil && err != syscall.ENOENT {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupDirs returns the cgroups made for box id (one per v1 hierarchy,
+// or the v2 one).
+func cgroupDirs(id string) []string {
 	if validID(id) != nil {
 		return nil
 	}
@@ -92,13 +104,7 @@ func removeCgroups(id string) error {
 	if v2 := filepath.Join("/sys/fs/cgroup", cgroupParent, id); isDirPath(v2) {
 		dirs = append(dirs, v2)
 	}
-	var errs []error
-	for _, dir := range dirs {
-		if err := syscall.Rmdir(dir); err != nil && err != syscall.ENOENT {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dir, err))
-		}
-	}
-	return errors.Join(errs...)
+	return dirs
 }
 
 func isDirPath(p string) bool {

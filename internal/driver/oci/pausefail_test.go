@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -24,9 +25,12 @@ import (
 )
 
 // TestPauseFailureLeavesTheBoxRunning makes a gVisor box's checkpoint fail
-// midway, two ways: the state directory (a tmpfs here) has 4 MiB left
-// when the pause starts, so the image cannot be written; and the `runsc
-// checkpoint` process is killed once its image has begun. Either way the pause
+// midway, three ways: the state directory (a tmpfs here) has 4 MiB left
+// when the pause starts, so the image cannot be written; it has not a
+// block left, so nothing the pause writes there fits (the soak's "data dir
+// full": when the runtime kept its records there, its state file was cut
+// short, and no runsc call could reach or end the box after); and the
+// `runsc checkpoint` process is killed once its image has begun. Either way the pause
 // must answer an error and the box run on as it was: its Wait open, a
 // process that counts alive and counting on from where it was, a file in
 // memory (/dev/shm) intact, no image left behind, and a pause that then
@@ -39,10 +43,12 @@ func TestPauseFailureLeavesTheBoxRunning(t *testing.T) {
 	image := drivertest.DesktopImage(t, false)
 	for _, tc := range []struct {
 		name string
-		full bool // the state directory is full when the pause starts
-		kill bool // the checkpoint process is killed
+		full bool  // the state directory is full when the pause starts
+		left int64 // what is left free on it then
+		kill bool  // the checkpoint process is killed
 	}{
-		{name: "disk full", full: true},
+		{name: "disk full", full: true, left: 4 << 20},
+		{name: "no block left", full: true},
 		{name: "checkpoint killed", kill: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,7 +111,18 @@ func TestPauseFailureLeavesTheBoxRunning(t *testing.T) {
 			var filler string
 			if tc.full {
 				filler = filepath.Join(state, "filler")
-				fill(t, filler, state, 4<<20)
+				fill(t, filler, state, tc.left)
+			}
+			stopGreedy := func() {}
+			if tc.full && tc.left == 0 {
+				// Others write to the full disk too (the soak's other
+				// boxes): whatever a file rewritten in place frees for a
+				// moment is taken before it is written again.
+				greedy, stop := filepath.Join(state, "greedy"), make(chan struct{})
+				done := make(chan struct{})
+				go func() { defer close(done); takeFreed(greedy, stop) }()
+				stopGreedy = func() { close(stop); <-done; os.Remove(greedy) }
+				defer func() { stopGreedy() }()
 			}
 			killed := make(chan int, 1)
 			if tc.kill {
@@ -154,6 +171,8 @@ func TestPauseFailureLeavesTheBoxRunning(t *testing.T) {
 			}
 
 			// With room again, the box pauses and resumes.
+			stopGreedy()
+			stopGreedy = func() {}
 			if filler != "" {
 				os.Remove(filler)
 			}
@@ -175,7 +194,8 @@ func TestPauseFailureLeavesTheBoxRunning(t *testing.T) {
 	}
 }
 
-// fill writes file until dir's filesystem has about left bytes free.
+// fill writes file until dir's filesystem has about left bytes free
+// (none at all for 0: until a write finds no room).
 func fill(t *testing.T, file, dir string, left int64) {
 	t.Helper()
 	var st unix.Statfs_t
@@ -192,10 +212,36 @@ func fill(t *testing.T, file, dir string, left int64) {
 	}
 	defer f.Close()
 	buf := make([]byte, 1<<20)
-	for n := free - left; n > 0; n -= int64(len(buf)) {
-		if _, err := f.Write(buf[:min(int64(len(buf)), n)]); err != nil {
+	for n := free - left; n > 0 || left == 0; n -= int64(len(buf)) {
+		chunk := buf
+		if n > 0 && n < int64(len(buf)) {
+			chunk = buf[:n]
+		}
+		if _, err := f.Write(chunk); err != nil {
+			if left == 0 && errors.Is(err, syscall.ENOSPC) {
+				return
+			}
 			t.Fatalf("fill %s: %v", file, err)
 		}
+	}
+}
+
+// takeFreed appends to file every block that comes free on its full
+// filesystem, until stop is closed.
+func takeFreed(file string, stop <-chan struct{}) {
+	f, err := os.OpenFile(file, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	block := make([]byte, 4096)
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		f.Write(block) // no room is the usual answer: try again at once
 	}
 }
 
