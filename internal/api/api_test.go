@@ -240,6 +240,8 @@ func TestErrorMapping(t *testing.T) {
 		{fmt.Errorf("rpc: %w", connect.NewError(connect.CodeNotFound, errors.New("no such dir"))), 404, codeNotFound, "no such dir"},
 		{connect.NewError(connect.CodeDeadlineExceeded, errors.New("slow")), 504, codeTimeout, ""},
 		{connect.NewError(connect.CodeUnavailable, errors.New("dial unix /run/x.sock: refused")), 503, codeUnavailable, "the sandbox's agent is unavailable"},
+		// The agent's own answer: it is there, its desktop is not.
+		{connect.NewWireError(connect.CodeUnavailable, errors.New("the desktop is restarting; retry")), 503, codeUnavailable, "the desktop is restarting; retry"},
 		{connect.NewError(connect.CodeUnimplemented, errors.New("old agent")), 409, codeNotSupported, ""},
 		{connect.NewError(connect.CodePermissionDenied, errors.New("denied")), 403, codePermissionDenied, "denied"},
 		{connect.NewError(connect.CodeAlreadyExists, errors.New("exists")), 409, codeConflict, "exists"},

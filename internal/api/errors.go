@@ -213,6 +213,11 @@ func classifyConnect(ce *connect.Error) *httpError {
 	case connect.CodeDeadlineExceeded:
 		return &httpError{status: http.StatusGatewayTimeout, code: codeTimeout, msg: "the sandbox did not answer in time"}
 	case connect.CodeUnavailable:
+		if connect.IsWireError(ce) && guest != "" {
+			// The agent answered: it is there, its desktop is not
+			// ("the desktop is restarting; retry").
+			return &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, msg: guest}
+		}
 		return &httpError{status: http.StatusServiceUnavailable, code: codeUnavailable, msg: "the sandbox's agent is unavailable"}
 	case connect.CodeCanceled:
 		return &httpError{status: statusClientClosed, code: codeCanceled, msg: "request canceled"}

@@ -51,6 +51,7 @@ type Service struct {
 	rekey    func(context.Context, *desktop.RekeyRequest) error
 	wants    []WindowWant
 	usable   bool // latched: the wants were all met once
+	wasUp    bool // latched: a desktop was handed over once
 }
 
 // WindowWant is a window a complete desktop shows (the image's
@@ -185,6 +186,7 @@ func NewService(version, display string) *Service {
 func (s *Service) SetDesktop(d *Desktop) {
 	s.mu.Lock()
 	s.d = d
+	s.wasUp = s.wasUp || d != nil
 	s.mu.Unlock()
 }
 
@@ -214,6 +216,9 @@ func (s *Service) unavailable() error {
 	if s.headless {
 		return errHeadless
 	}
+	if s.wasUp {
+		return errRestarting
+	}
 	return errNoDesktop
 }
 
@@ -230,6 +235,11 @@ func (s *Service) Type(ctx context.Context, text string, delayMS int) error {
 }
 
 var errNoDesktop = connect.NewError(connect.CodeUnavailable, errors.New("the X display is not up yet"))
+
+// errRestarting answers a call that needs the desktop while the X server
+// that was up has gone and is being started again (it died, or was
+// killed): the caller may retry.
+var errRestarting = connect.NewError(connect.CodeUnavailable, errors.New("the desktop is restarting; retry"))
 
 // Info reports the version, capabilities and screen. Ready becomes true
 // once a screenshot has succeeded; while it is false Info tries a one-pixel

@@ -50,6 +50,25 @@ func TestServiceWithoutDesktop(t *testing.T) {
 	}
 }
 
+// TestServiceRestartingDesktop: once a desktop was up, the calls that need
+// it while the supervisor starts its X server again say it is restarting
+// (a retry helps), not that it is not up yet.
+func TestServiceRestartingDesktop(t *testing.T) {
+	s := NewService("v1", ":9")
+	client := serve(t, s)
+	ctx := context.Background()
+	_, err := client.Screenshot(ctx, connect.NewRequest(&desktop.ScreenshotRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "not up yet") {
+		t.Errorf("before the first desktop: %v, want unavailable, not up yet", err)
+	}
+	s.SetDesktop(&Desktop{})
+	s.SetDesktop(nil) // Xvfb died; the supervisor restarts it
+	_, err = client.Screenshot(ctx, connect.NewRequest(&desktop.ScreenshotRequest{}))
+	if connect.CodeOf(err) != connect.CodeUnavailable || !strings.Contains(err.Error(), "the desktop is restarting; retry") {
+		t.Errorf("while the desktop restarts: %v, want unavailable, restarting", err)
+	}
+}
+
 func TestService(t *testing.T) {
 	d, display := openDesktop(t)
 	newClient(t, display, winX, winY, winW, winH, "service")
