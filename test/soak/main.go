@@ -63,6 +63,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/client"
+	"github.com/cubicle-dev/cubicle/internal/driver/oci"
 	"github.com/cubicle-dev/cubicle/test/harness"
 )
 
@@ -222,6 +223,13 @@ func run() error {
 		}
 	}
 	if len(s.problems) > 0 {
+		// The data dir goes with the run: keep the daemon's log, which
+		// tells what a problem was.
+		if *out != "" {
+			if raw, err := os.ReadFile(d.Log); err == nil && os.WriteFile(*out+".cubicled.log", raw, 0o644) == nil {
+				s.log("cubicled's log: %s", *out+".cubicled.log")
+			}
+		}
 		return fmt.Errorf("%d problems (listed in the report)", len(s.problems))
 	}
 	return nil
@@ -405,8 +413,10 @@ func (s *soak) resumeIfPaused(ctx context.Context, id string) {
 	for rctx.Err() == nil {
 		sb, err := s.c.Get(rctx, id)
 		switch {
-		case err != nil && noAnswer(err):
-			sleep(rctx, time.Second) // restarting
+		case err != nil && daemonDown(err):
+			// Restarting: no answer, or 503 while it comes back (a
+			// 30-minute soak lost a resume to giving up on that 503).
+			sleep(rctx, time.Second)
 			continue
 		case err != nil:
 			return
@@ -707,6 +717,18 @@ func (s *soak) audit(dataDir string) {
 			}
 			return nil
 		})
+		// The runtimes' records, kept off the data dir (oci.RuntimeRootBase).
+		for _, backend := range []string{"gvisor", "runc"} {
+			root := oci.DefaultRuntimeRoot(filepath.Join(dataDir, "oci", backend))
+			ents, _ := os.ReadDir(root)
+			for _, e := range ents {
+				for _, id := range ids {
+					if strings.Contains(e.Name(), id) {
+						left = append(left, "runtime record: "+filepath.Join(root, e.Name()))
+					}
+				}
+			}
+		}
 		if len(left) == 0 {
 			s.add("audit: sandboxes accounted for", len(ids))
 			return
