@@ -53,7 +53,7 @@ TEST_ENV := CUBICLE_TEST_BIN=$(CURDIR)/$(BIN) CUBICLE_E2E_PAUSE_CYCLES=$(TEST_PA
 
 export CUBICLE_IMAGE_DIR := $(IMAGE_DIR)
 
-.PHONY: all build deps image run test unit unit-light unit-sandbox e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images bench-template bench-idle bench-cluster lint proto clean fuzz-ci
+.PHONY: all build deps image run test unit unit-light unit-sandbox e2e security soak crash fuzz bench bench-pause bench-pool bench-fork bench-screenshot bench-agent-step bench-computer bench-images bench-template bench-idle bench-runsc bench-cluster lint proto clean fuzz-ci
 
 all: build
 
@@ -204,6 +204,14 @@ bench-template: deps image
 # less than 2 GiB of memory is left).
 bench-idle: deps image
 	$(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-idle
+
+# bench-runsc measures the gvisor backend old against new in one run:
+# cubicle before the runsc pin (scripts/bench-old.sh builds that commit
+# and its image once, cached), on Debian's runsc, then this commit on the
+# pinned one: creates, clicks, screenshots, memory, pause and resume.
+bench-runsc: deps image
+	old=$$(./scripts/bench-old.sh) && $(GO) run ./test/bench -image-dir $(IMAGE_DIR) -out BENCHMARKS.md -only-runsc \
+		-old-bin $$old/bin -old-image-dir $$old/images -n 50 -n-create 5 -n-pause 5
 
 # bench-cluster runs three nodes on one etcd here: the extra hop of a
 # proxied screenshot and click, and creates per second at one and three

@@ -58,10 +58,15 @@ func main() {
 	idleSettle := flag.Duration("idle-settle", 2*time.Minute, "how long -only-idle lets desktops settle after the last create")
 	idleWindow := flag.Duration("idle-window", time.Minute, "how long -only-idle measures")
 	nClusterCreates := flag.Int("n-cluster-creates", 9, "creates at once in -only-cluster's bursts")
+	onlyRunsc := flag.Bool("only-runsc", false, "measure only the gvisor backend old against new: a daemon built from the last commit before the runsc pin (-old-bin, its images in -old-image-dir, Debian's runsc) and this one, cold creates, clicks and screenshots (-n each), memory and -n-pause pause/resume cycles; rewrite only that section of -out")
+	oldBin := flag.String("old-bin", "", "directory holding the old commit's cubicled and cubicle-agent, for -only-runsc (scripts/bench-old.sh)")
+	oldImageDir := flag.String("old-image-dir", "", "the old commit's image directory, for -only-runsc (scripts/bench-old.sh)")
 	flag.Parse()
 	cfg := createConfig{backends: strings.Split(*backends, ","), n: *nCreate, nVM: *nCreateVM, liveView: *liveView, nPause: *nPause}
 	var err error
 	switch {
+	case *onlyRunsc:
+		err = runRunsc(*imageDir, *oldBin, *oldImageDir, *out, *nCreate, *n, *nPause)
 	case *onlyIdle:
 		var counts []int
 		for _, f := range strings.Split(*idleCounts, ",") {

@@ -154,6 +154,10 @@ type Options struct {
 	// netns add` made); ListenHost is then its address there, which the
 	// client uses too.
 	Netns string
+	// Bin is a directory holding cubicled and cubicle-agent to run
+	// instead of this commit's: the benchmark's old-against-new runs
+	// start a daemon built from an earlier commit.
+	Bin string
 }
 
 // Daemon is a running cubicled.
@@ -170,9 +174,12 @@ type Daemon struct {
 
 // Start builds (once) and starts cubicled, waiting until /healthz answers.
 func Start(ctx context.Context, opts Options) (*Daemon, error) {
-	bin, err := Build()
-	if err != nil {
-		return nil, err
+	bin := opts.Bin
+	if bin == "" {
+		var err error
+		if bin, err = Build(); err != nil {
+			return nil, err
+		}
 	}
 	if opts.DefaultBackend == "" {
 		opts.DefaultBackend = "gvisor"
