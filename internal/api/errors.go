@@ -322,7 +322,11 @@ func (s *server) writeErrorBody(w http.ResponseWriter, r *http.Request, err erro
 				case <-r.Context().Done():
 				}
 			}
-			if sb, gerr := s.mgr.Get(r.Context(), id); gerr == nil && sb.State != sandbox.StateRunning && sb.State != sandbox.StateStarting {
+			// An error the manager worded itself says what became of
+			// the sandbox ("…; it is still paused" of a failed resume):
+			// it is the answer. Only an agent's failure is retold.
+			if sb, gerr := s.mgr.Get(r.Context(), id); gerr == nil && errdefs.UserMessage(err) == "" &&
+				sb.State != sandbox.StateRunning && sb.State != sandbox.StateStarting {
 				s.log.Info("request ended by its sandbox stopping", "sandbox", id, "state", sb.State, "err", err)
 				he = &httpError{status: http.StatusConflict, code: codeConflict,
 					msg: fmt.Sprintf("sandbox %s stopped while the request ran (it is %s)", id, sb.State)}

@@ -47,6 +47,7 @@ type fakeManager struct {
 	sandboxes  map[string]sandbox.Sandbox
 	agent      *agentclient.Client
 	err        error // returned by every call that can fail, when set
+	resumeErr  error // returned by Resume, the sandbox left paused, when set
 	lastCreate sandbox.CreateRequest
 	lastWait   bool
 	lastFilter sandbox.Filter
@@ -208,6 +209,9 @@ func (m *fakeManager) Resume(ctx context.Context, id string, seconds int) (sandb
 	}
 	if sb.State != sandbox.StatePaused {
 		return sandbox.Sandbox{}, errdefs.Conflict("sandbox %s is %s", id, sb.State)
+	}
+	if m.resumeErr != nil {
+		return sandbox.Sandbox{}, m.resumeErr
 	}
 	sb.State = sandbox.StateRunning
 	m.sandboxes[id] = sb

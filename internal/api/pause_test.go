@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
@@ -105,5 +106,25 @@ func TestForkAPI(t *testing.T) {
 			}
 			before = count()
 		})
+	}
+}
+
+// TestFailedResumeAnswersItsCause: a resume that fails leaves the sandbox
+// paused, and its answer is the manager's (503 and why, "it is still
+// paused"), not "stopped while the request ran", which a request that met
+// a sandbox ending gets: a paused sandbox is where a failed resume leaves
+// it. (The soak met it as a resume on a full disk.)
+func TestFailedResumeAnswersItsCause(t *testing.T) {
+	e := newTestEnv(t, Config{CreateRate: rate.Inf})
+	if _, err := e.mgr.Pause(t.Context(), runningID); err != nil {
+		t.Fatal(err)
+	}
+	const why = "resume sandbox " + runningID + ": runsc restore: no space left on device; it is still paused"
+	e.mgr.mu.Lock()
+	e.mgr.resumeErr = errdefs.New(errdefs.ErrUnavailable, why)
+	e.mgr.mu.Unlock()
+	got := wantError(t, e.do("POST", "/v1/sandboxes/"+runningID+"/resume", nil), 503, codeUnavailable)
+	if got.Message != why {
+		t.Errorf("message %q, want %q", got.Message, why)
 	}
 }

@@ -37,6 +37,10 @@ func saveRoom(rec *record) int64 {
 	return (mb + 64) << 20
 }
 
+// resumeRoom is the free space a resume wants on the data directory:
+// what the restored box and its runtime write at once, with room to run.
+const resumeRoom = 64 << 20
+
 // roomToSave refuses to save rec's box (what names the act) when the
 // data directory has less free space than that may take. Running out
 // midway is worse than not starting: the save fails after it has taken
@@ -217,6 +221,13 @@ func (m *Manager) resumeLocked(ctx context.Context, e *entry, p driver.Pauser, t
 	if owner := e.rec.Request.Owner; owner != "" && m.cfg.MaxPerOwner > 0 && m.activeOfLocked(owner) >= m.cfg.MaxPerOwner {
 		m.mu.Unlock()
 		return Sandbox{}, false, errdefs.New(errdefs.ErrQuota, "this API key already has %d live sandboxes, its limit; resume when one has ended", m.cfg.MaxPerOwner)
+	}
+	if free, err := m.freeBytes(m.cfg.DataDir); err == nil && free < resumeRoom {
+		// A restore writes (its pid file, the console, the box's own
+		// writes to its disk) and fails without room: the soak met
+		// "error writing PID file: no space left on device".
+		m.mu.Unlock()
+		return Sandbox{}, false, errdefs.New(errdefs.ErrUnavailable, "cubicled's data directory is full: %d MiB free, and resuming sandbox %s needs %d MiB; it stays paused", free>>20, id, resumeRoom>>20)
 	}
 	_ = m.transitionLocked(e, StateResuming) // paused → resuming
 	saved := *e.paused

@@ -267,6 +267,25 @@ func TestPauseRefused(t *testing.T) {
 			t.Errorf("the sandbox after a refused pause: %v", err)
 		}
 	})
+	t.Run("resume on a full data directory", func(t *testing.T) {
+		a, _ := m.Create(ctx, CreateRequest{}, true)
+		defer m.Destroy(ctx, a.ID)
+		if _, err := m.Pause(ctx, a.ID); err != nil {
+			t.Fatal(err)
+		}
+		m.freeBytes = func(string) (int64, error) { return 10 << 20, nil }
+		_, err := m.Resume(ctx, a.ID, 0)
+		m.freeBytes = freeSpace
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "data directory is full: 10 MiB free") || !strings.Contains(err.Error(), "it stays paused") {
+			t.Errorf("resume on a full data directory: %v, want unavailable saying so", err)
+		}
+		if got, _ := m.Get(ctx, a.ID); got.State != StatePaused {
+			t.Errorf("the refused resume left the sandbox %s, want paused", got.State)
+		}
+		if _, err := m.Resume(ctx, a.ID, 0); err != nil {
+			t.Errorf("resume with room, after the refused one: %v", err)
+		}
+	})
 	a, _ := m.Create(ctx, CreateRequest{}, true)
 	tests := []struct {
 		name string
