@@ -364,11 +364,17 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 			if why != "" {
 				s.add("errors explained: "+why, 1)
 			}
-			if pausing && why == faultDaemonKill {
+			if pausing && (why == faultDaemonKill || why == faultDiskFull) {
 				// The daemon died while it paused or resumed the
 				// sandbox, which may be paused now (the pause had saved
-				// it): as an agent whose daemon restarted, resume it.
+				// it), or a full disk refused or failed the resume,
+				// which leaves it paused: as an agent would, resume it
+				// (once the daemon is back, or the disk has room). One
+				// that never resumes is lost: the loop's next request
+				// finds it. The wait is paused time, not use.
+				tw := time.Now()
 				s.resumeIfPaused(ctx, id)
+				paused += time.Since(tw)
 			}
 			if noAnswer(err) {
 				// The daemon is down: the next request tells more.
@@ -401,14 +407,16 @@ func (s *soak) use(ctx context.Context, worker int, id string, d time.Duration) 
 }
 
 // resumeIfPaused waits, once cubicled answers again, until sandbox id is
-// running (within a minute): a kill of cubicled while it paused or
+// running (within three minutes): a kill of cubicled while it paused or
 // resumed the sandbox leaves it paused (the pause had saved it; it is
 // resumed here, as an agent would) or resuming (the restarted daemon
-// finishes the resume itself). A sandbox that ended instead is lost,
+// finishes the resume itself), and a full disk that refused or failed
+// its resume leaves it paused (resumed here once there is room). A sandbox that ended instead is lost,
 // which no kill of cubicled explains: the loop's next failed request
 // finds it (gone) and counts the problem.
 func (s *soak) resumeIfPaused(ctx context.Context, id string) {
-	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	// A full disk lasts as long as the fault's create (up to 2 min).
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 	defer cancel()
 	for rctx.Err() == nil {
 		sb, err := s.c.Get(rctx, id)
@@ -424,7 +432,7 @@ func (s *soak) resumeIfPaused(ctx context.Context, id string) {
 		switch sb.State {
 		case "paused":
 			if err := s.timed("resume", func() error { _, err := s.c.Resume(rctx, id, 0); return err }); err == nil {
-				s.add("sandboxes resumed after a kill of cubicled during their pause", 1)
+				s.add("sandboxes resumed again after a kill of cubicled or a full disk cut their pause or resume", 1)
 				return
 			}
 			sleep(rctx, time.Second)
