@@ -19,9 +19,9 @@ command -v runsc >/dev/null || { echo "bench-old.sh: Debian's runsc is missing (
 mkdir -p "$dir/src"
 git -C "$root" archive "$OLD_COMMIT" | tar -x -C "$dir/src"
 make -C "$dir/src" build VERSION="$OLD_COMMIT" >&2
-rm -rf "$dir/bin"
+rm -rf "${dir:?}/bin"
 mv "$dir/src/bin" "$dir/bin"
 "$dir/bin/cubicle" image build desktop --image-dir "$dir/images" >&2
 touch "$dir/images/desktop/.done"
-rm -rf "$dir/src"
+rm -rf "${dir:?}/src"
 echo "$dir"
