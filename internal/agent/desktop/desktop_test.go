@@ -246,6 +246,26 @@ func TestKeyboard(t *testing.T) {
 		}
 	})
 
+	// Shift stays down across a run of shifted characters: each press of
+	// a modifier is a state change every client of the display is sent.
+	t.Run("one shift per run", func(t *testing.T) {
+		c.drain()
+		text := "ABC:D efG"
+		do(t, d, action.Action{Type: "type", Text: text})
+		c.waitTyped(text, 3*time.Second)
+		c.mu.Lock()
+		shifts := 0
+		for _, ev := range c.events {
+			if isKey(true, c, action.KeysymShiftL)(ev) {
+				shifts++
+			}
+		}
+		c.mu.Unlock()
+		if shifts != 2 {
+			t.Errorf("typing %q pressed Shift %d times, want 2 (once per run of shifted characters)", text, shifts)
+		}
+	})
+
 	for _, text := range []string{
 		"Hello, World! 123 ~`!@#$%^&*()_+-=[]{}|;':\",./<>?",
 		"héllo ж 東 ✓",

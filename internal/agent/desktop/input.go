@@ -277,6 +277,13 @@ func (d *Desktop) typeText(ctx context.Context, text string, delay time.Duration
 		syms = append(syms, ks)
 	}
 	var shift *keyPos
+	shifted := false
+	defer func() {
+		if shifted { // an error ended the text with Shift down
+			d.keys.press(shift.code, false, false)
+			_ = d.sync()
+		}
+	}()
 	for i, ks := range syms {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -311,14 +318,20 @@ func (d *Desktop) typeText(ctx context.Context, text string, delay time.Duration
 			}
 			shift = &sp
 		}
-		if p.shift {
-			d.keys.press(shift.code, true, false)
+		// Shift stays down across a run of shifted characters: every
+		// press and release of a modifier is an XKB state change that
+		// Xvfb sends to each client of the display, and under gVisor 60
+		// capitals typed with a Shift each took 600 ms.
+		if p.shift != shifted {
+			d.keys.press(shift.code, p.shift, false)
+			shifted = p.shift
 		}
 		d.keys.press(p.code, true, false)
 		d.keys.press(p.code, false, false)
-		if p.shift {
-			d.keys.press(shift.code, false, false)
-		}
+	}
+	if shifted {
+		d.keys.press(shift.code, false, false)
+		shifted = false
 	}
 	return d.sync()
 }
